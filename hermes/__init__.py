@@ -1,0 +1,1 @@
+"""hermes: an agent runtime whose transcript survives kill -9."""

@@ -1,0 +1,200 @@
+"""Tool executors: sequential, concurrent and segmented batches.
+
+The ordering each executor keeps, per tool call, is the contract:
+
+    dispatch intent durable -> tool runs -> result appended -> result flushed -> UI callback
+
+and a failed flush stops the batch: no later tool runs, nothing more is shown.
+Results are always appended, flushed and projected on the calling thread, in the
+order the model emitted the calls, so the transcript's order never depends on
+which thread finished first.
+
+Dispatch goes through ``agent._dispatch_tool`` (sequential) and ``agent._invoke_tool``
+(concurrent); ``maybe_persist_tool_result`` is looked up in this module at call time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from hermes import probes
+from hermes.tools import tool_error
+from hermes.transcript import make_tool_result_message, normalize_tool_calls
+
+if TYPE_CHECKING:
+    from hermes.runner import AIAgent
+
+SPILL_THRESHOLD_CHARS = 100_000
+SPILL_PREVIEW_CHARS = 4_000
+CANCELLED_RESULT = "[cancelled: the turn was interrupted before this tool call finished]"
+
+
+def maybe_persist_tool_result(*, content: str, tool_name: str, tool_call_id: str,
+                              spill_dir: Path | None = None,
+                              threshold: int = SPILL_THRESHOLD_CHARS) -> str:
+    """Keep a large result out of the transcript: save it to a file, return a preview.
+
+    The file is written and fsynced before the preview (which names it) can be
+    flushed, so a durable preview never points at a file that a crash lost.
+    """
+    if not isinstance(content, str):
+        content = str(content)
+    if len(content) <= threshold or spill_dir is None:
+        return content
+    safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", tool_call_id) or "call"
+    path = Path(spill_dir) / f"{safe_id}.txt"
+    preview = content[:SPILL_PREVIEW_CHARS]
+    try:
+        Path(spill_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as fh:
+            fh.write(content)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        return (f"{preview}\n\n[output of {tool_name} was {len(content)} characters; only this preview "
+                f"was kept because saving the rest failed: {exc}]")
+    return (f"{preview}\n\n[output of {tool_name} was {len(content)} characters; "
+            f"the full text is saved in {path}]")
+
+
+def _parse_arguments(call: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    raw = call["function"]["arguments"]
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}, None
+    try:
+        args = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        return None, tool_error(f"the arguments for {call['function']['name']!r} are not valid JSON "
+                                f"({exc}); the tool was not run. Send a JSON object.")
+    if not isinstance(args, dict):
+        return None, tool_error(f"the arguments for {call['function']['name']!r} must be a JSON object, "
+                                f"not {type(args).__name__}; the tool was not run.")
+    return args, None
+
+
+def _prepare(agent: "AIAgent", call: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """(arguments, None) for a call that may run, or (None, error result) for one that may not."""
+    name = call["function"]["name"]
+    if agent.valid_tool_names and name not in agent.valid_tool_names:
+        return None, tool_error(f"unknown tool {name!r}; the tools offered are "
+                                f"{', '.join(sorted(agent.valid_tool_names))}. The call was not run.")
+    return _parse_arguments(call)
+
+
+def _finish_call(agent: "AIAgent", call: dict[str, Any], args: dict[str, Any] | None,
+                 raw_result: Any, messages: list[dict[str, Any]]) -> bool:
+    """Append, flush, then project one tool result. False when the flush failed (batch must stop)."""
+    name, call_id = call["function"]["name"], call["id"]
+    content = maybe_persist_tool_result(content=raw_result, tool_name=name, tool_call_id=call_id,
+                                        spill_dir=agent._spill_dir())
+    message = make_tool_result_message(name, content, call_id)
+    message["_turn_id"] = agent._current_turn_id
+    messages.append(message)
+    if not agent._flush_incremental(messages):
+        return False
+    agent._project_tool_complete(call_id, name, args, content)
+    return True
+
+
+def _cancel_rest(agent: "AIAgent", calls: list[dict[str, Any]], messages: list[dict[str, Any]]) -> None:
+    """Answer every call left in the batch as cancelled, so no tool call dangles, then save."""
+    for call in calls:
+        message = make_tool_result_message(call["function"]["name"], CANCELLED_RESULT, call["id"])
+        message["_turn_id"] = agent._current_turn_id
+        messages.append(message)
+    agent._flush_incremental(messages)
+
+
+def execute_tool_calls_sequential(agent: "AIAgent", assistant_message: Any,
+                                  messages: list[dict[str, Any]], task_id: str | None) -> None:
+    calls = normalize_tool_calls(getattr(assistant_message, "tool_calls", None))
+    for index, call in enumerate(calls):
+        if agent._incremental_persistence_failed:
+            return
+        args, error = _prepare(agent, call)
+        if error is not None:
+            if not _finish_call(agent, call, None, error, messages):
+                return
+            continue
+        if not agent._record_dispatch_intents([call]):
+            return
+        try:
+            result = agent._dispatch_tool(call, args, task_id)
+        except KeyboardInterrupt:
+            _cancel_rest(agent, calls[index:], messages)
+            raise
+        if not _finish_call(agent, call, args, result, messages):
+            return
+
+
+def execute_tool_calls_concurrent(agent: "AIAgent", assistant_message: Any,
+                                  messages: list[dict[str, Any]], task_id: str | None) -> None:
+    calls = normalize_tool_calls(getattr(assistant_message, "tool_calls", None))
+    if not calls or agent._incremental_persistence_failed:
+        return
+    prepared = [_prepare(agent, call) for call in calls]
+    runnable = [call for call, (_, error) in zip(calls, prepared) if error is None]
+    if runnable and not agent._record_dispatch_intents(runnable):
+        return
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(runnable), agent.max_concurrent_tools)),
+                              thread_name_prefix="hermes-tool")
+    futures: dict[int, Future[Any]] = {}
+    try:
+        for index, (call, (args, error)) in enumerate(zip(calls, prepared)):
+            if error is None:
+                probes.fire("tool.dispatch.before", **agent._probe_ids(tool_call_id=call["id"]))
+                futures[index] = pool.submit(agent._invoke_tool, call["function"]["name"], args,
+                                             task_id, call["id"])
+        for index, (call, (args, error)) in enumerate(zip(calls, prepared)):
+            if error is not None:
+                result: Any = error
+            else:
+                try:
+                    result = futures[index].result()
+                except KeyboardInterrupt:
+                    _cancel_rest(agent, calls[index:], messages)
+                    raise
+                except Exception as exc:
+                    result = tool_error(f"tool {call['function']['name']!r} failed: {type(exc).__name__}: {exc}")
+                probes.fire("tool.dispatch.after", **agent._probe_ids(tool_call_id=call["id"]))
+            if not _finish_call(agent, call, args, result, messages):
+                return
+    finally:
+        # Finished tools have finished; a tool still running cannot be stopped from here,
+        # so do not wait on it when the batch is abandoned (its outcome stays unknown).
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def plan_segments(agent: "AIAgent", tool_calls: list[Any]) -> list[tuple[str, list[Any]]]:
+    """Split a batch into runs: consecutive parallel-safe calls run together, others one by one."""
+    segments: list[tuple[str, list[Any]]] = []
+    for raw in tool_calls:
+        name = normalize_tool_calls([raw])[0]["function"]["name"]
+        kind = "parallel" if agent._is_parallel_safe(name) else "sequential"
+        if segments and segments[-1][0] == kind:
+            segments[-1][1].append(raw)
+        else:
+            segments.append((kind, [raw]))
+    return segments
+
+
+def execute_tool_calls_segmented(agent: "AIAgent", assistant_message: Any, messages: list[dict[str, Any]],
+                                 task_id: str | None,
+                                 segments: list[tuple[str, list[Any]]] | None = None) -> None:
+    """Run each segment with its executor; stop at the first persistence failure."""
+    if segments is None:
+        segments = plan_segments(agent, list(getattr(assistant_message, "tool_calls", None) or ()))
+    for kind, calls in segments:
+        if agent._incremental_persistence_failed:
+            return
+        part = SimpleNamespace(content=getattr(assistant_message, "content", None), tool_calls=calls)
+        if kind == "parallel":
+            execute_tool_calls_concurrent(agent, part, messages, task_id)
+        else:
+            execute_tool_calls_sequential(agent, part, messages, task_id)

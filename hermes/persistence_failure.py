@@ -1,0 +1,85 @@
+"""Naming a failed write: which of the documented causes it was, and what a person should do.
+
+A turn whose flush fails ends closed with
+``failure_reason == "session_persistence_failed:<cause>"``; the cause comes from
+:func:`classify` and the person-readable ``error`` from :func:`describe`.
+"""
+from __future__ import annotations
+
+import errno
+import sqlite3
+
+CAUSES = ("locked", "disk", "readonly", "corrupt", "lease", "unknown")
+
+_PRIMARY_CODES = {
+    sqlite3.SQLITE_BUSY: "locked",
+    sqlite3.SQLITE_LOCKED: "locked",
+    sqlite3.SQLITE_CORRUPT: "corrupt",
+    sqlite3.SQLITE_NOTADB: "corrupt",
+    sqlite3.SQLITE_FULL: "disk",
+    sqlite3.SQLITE_IOERR: "disk",
+    sqlite3.SQLITE_READONLY: "readonly",
+    sqlite3.SQLITE_PERM: "readonly",
+}
+
+# Checked in this order: corruption first, because "database disk image is malformed"
+# also contains the word "disk".
+_MESSAGE_MARKERS = (
+    ("lease lost", "lease"),
+    ("malformed", "corrupt"),
+    ("not a database", "corrupt"),
+    ("locked", "locked"),
+    ("busy", "locked"),
+    ("readonly", "readonly"),
+    ("read-only", "readonly"),
+    ("is full", "disk"),
+    ("disk i/o", "disk"),
+    ("no space", "disk"),
+)
+
+
+def classify(exc: BaseException | None) -> str:
+    """Map an exception raised by a write to one of `CAUSES`."""
+    if exc is None:
+        return "unknown"
+    text = str(exc).lower()
+    if "lease lost" in text:
+        return "lease"
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF in _PRIMARY_CODES:
+        return _PRIMARY_CODES[code & 0xFF]
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "disk"
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return "readonly"
+    for marker, cause in _MESSAGE_MARKERS:
+        if marker in text:
+            return cause
+    return "unknown"
+
+
+def describe(cause: str, detail: str | None = None, db_path: object = None) -> str:
+    """One paragraph for a person: what happened, that nothing was shown or run, what to do."""
+    where = f" ({db_path})" if db_path else ""
+    said = f" SQLite said: {detail}." if detail else ""
+    closed = "The turn stopped before showing or running anything that was not saved."
+    text = {
+        "locked": (f"Session storage was busy: another process held the database write lock{where} "
+                   f"for longer than this agent is willing to wait. {closed} Retry the turn; if it "
+                   "keeps happening, find the process that keeps the database locked."),
+        "disk": (f"The session database{where} could not grow: its file system or size limit is full. "
+                 f"{closed} Free space (or raise the limit) and retry the turn."),
+        "readonly": (f"The session database{where} is read-only to this process. {closed} "
+                     "Make the file and its directory writable, then retry the turn."),
+        "corrupt": (f"The session database{where} is corrupt. {closed} Restore it from a backup or "
+                    "recover it with `sqlite3 FILE .recover`, then retry."),
+        "lease": (f"Another worker took over this session{where}, so this one may no longer write to it. "
+                  f"{closed} Nothing needs doing: the newer worker owns the turn."),
+        "unknown": (f"The turn's messages could not be saved to the session database{where}, and the "
+                    f"storage layer did not say why. {closed} Check the logs and retry the turn."),
+    }.get(cause)
+    if text is None:
+        raise ValueError(f"unknown persistence failure cause {cause!r}")
+    # The locked message must stay about busy storage; a raw SQLite detail could talk of disks.
+    return text if cause == "locked" else text + said

@@ -1,0 +1,82 @@
+"""Shapes of transcript messages and the request payload built from them.
+
+Live message dicts may carry private markers (keys starting with ``_``: ``_db_persisted``,
+``_row_id``, ``_turn_id``). They never reach the model: :func:`sanitize_api_messages`
+builds the provider payload as fresh dicts and leaves its input untouched.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+INTERRUPTED_RESULT = ("[no result recorded: this tool call was interrupted before its result was saved; "
+                      "its outcome is unknown]")
+
+
+def make_tool_result_message(tool_name: str, content: str, tool_call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "name": tool_name, "tool_call_id": tool_call_id, "content": content}
+
+
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def normalize_tool_call(call: Any) -> dict[str, Any]:
+    """An SDK object, namespace or dict tool call as the OpenAI wire dict."""
+    function = _field(call, "function")
+    arguments = _field(function, "arguments", "")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return {"id": str(_field(call, "id", "")), "type": _field(call, "type", "function") or "function",
+            "function": {"name": str(_field(function, "name", "")), "arguments": arguments}}
+
+
+def normalize_tool_calls(calls: Iterable[Any] | None) -> list[dict[str, Any]]:
+    return [normalize_tool_call(c) for c in calls or ()]
+
+
+def public_copy(message: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if not k.startswith("_")}
+
+
+def sanitize_api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The provider payload for `messages`: every tool call answered, no orphan results.
+
+    A tool call with no result gets a stub result saying its outcome is unknown,
+    placed at the end of its block; a tool result that answers no call of the
+    assistant block it follows (or answers one twice) is dropped. Only the returned
+    copy changes; the input list, its dicts and the database are never touched.
+    """
+    out: list[dict[str, Any]] = []
+    open_calls: dict[str, str] = {}  # id -> tool name, calls of the current block not yet answered
+    block_ids: set[str] = set()
+
+    def close_block() -> None:
+        for call_id, name in open_calls.items():
+            out.append(make_tool_result_message(name, INTERRUPTED_RESULT, call_id))
+        open_calls.clear()
+
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id in open_calls:
+                del open_calls[call_id]
+                out.append(public_copy(message))
+            # else: an orphan or a second answer; it stays in the database, not in the payload
+            continue
+        close_block()
+        block_ids = set()
+        copy = public_copy(message)
+        if role == "assistant" and message.get("tool_calls"):
+            calls = normalize_tool_calls(message["tool_calls"])
+            copy["tool_calls"] = calls
+            for call in calls:
+                if call["id"] not in block_ids:
+                    block_ids.add(call["id"])
+                    open_calls[call["id"]] = call["function"]["name"]
+        out.append(copy)
+    close_block()
+    return out

@@ -1,0 +1,1 @@
+"""Supervisor package: chaos-testing harness and its scripted model server."""
