@@ -10,26 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hermes import probes
+from hermes.transcript import fill_or_append_answer
 
 if TYPE_CHECKING:
     from hermes.runner import AIAgent
-
-
-def _recover_streamed_answer(agent: "AIAgent", messages: list[dict[str, Any]]) -> str | None:
-    """Put already-streamed text into the blank final assistant message; return that text."""
-    streamed = (getattr(agent, "_current_streamed_assistant_text", "") or "").strip()
-    if not streamed:
-        return None
-    text = agent._current_streamed_assistant_text
-    last = messages[-1] if messages else None
-    if (last is not None and last.get("role") == "assistant" and not last.get("tool_calls")
-            and not (last.get("content") or "").strip()):
-        last["content"] = text
-        # The stored row is stale now; the flush sees `_row_id` and repairs it in place.
-        last.pop("_db_persisted", None)
-    else:
-        messages.append({"role": "assistant", "content": text, "_turn_id": agent._current_turn_id})
-    return text
 
 
 def finalize_turn(agent: "AIAgent", *, final_response: str | None, api_call_count: int, interrupted: bool,
@@ -40,8 +24,10 @@ def finalize_turn(agent: "AIAgent", *, final_response: str | None, api_call_coun
     """Commit the answer, record the turn complete, and build the turn's result."""
     del original_user_message, _should_review_memory  # no memory review in this runtime
     probes.fire("finalize.before", **agent._probe_ids())
-    if not (final_response or "").strip():
-        final_response = _recover_streamed_answer(agent, messages) or final_response
+    streamed = getattr(agent, "_current_streamed_assistant_text", "") or ""
+    if not (final_response or "").strip() and streamed.strip():
+        fill_or_append_answer(messages, streamed, agent._current_turn_id)
+        final_response = streamed
     if not agent._flush_incremental(messages):
         return agent._persistence_failed_result(messages, api_call_count)
     agent._persist_session(messages, conversation_history)

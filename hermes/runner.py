@@ -32,7 +32,8 @@ from hermes import executor, finalizer, persistence_failure, probes
 from hermes.state import SessionDB
 from hermes.tools import (check_toolset_requirements, get_tool_definitions, handle_function_call,
                           registry)
-from hermes.transcript import normalize_tool_calls, public_copy, sanitize_api_messages
+from hermes.transcript import (fill_or_append_answer, normalize_tool_calls, public_copy,
+                               sanitize_api_messages)
 
 log = logging.getLogger("hermes.runner")
 
@@ -493,7 +494,7 @@ class AIAgent:
                 return self._failed_result(messages, api_call_count, "model_error", "model_error:empty_response",
                                            "The model answered with neither text nor tool calls, twice. "
                                            "The transcript is saved; retry the turn.")
-            messages.append({"role": "assistant", "content": reply.content or "", "_turn_id": turn_id})
+            fill_or_append_answer(messages, reply.content or "", turn_id)
             return finalizer.finalize_turn(
                 self, final_response=reply.content or "", api_call_count=api_call_count, interrupted=False,
                 failed=False, messages=messages, conversation_history=conversation_history,

@@ -37,6 +37,25 @@ def normalize_tool_calls(calls: Iterable[Any] | None) -> list[dict[str, Any]]:
     return [normalize_tool_call(c) for c in calls or ()]
 
 
+def fill_or_append_answer(messages: list[dict[str, Any]], text: str, turn_id: str | None) -> dict[str, Any]:
+    """Put a final answer into the transcript without ever leaving a blank assistant row.
+
+    If the tail is an assistant row with no tool calls and no text (a blank row that
+    may already be durable), the text goes into it and its durable marker is dropped,
+    so the next flush repairs that row in place (UPDATE by `_row_id`). Otherwise a new
+    assistant message is appended. Returns the message holding the answer.
+    """
+    last = messages[-1] if messages else None
+    if (last is not None and last.get("role") == "assistant" and not last.get("tool_calls")
+            and not (last.get("content") or "").strip()):
+        last["content"] = text
+        last.pop("_db_persisted", None)
+        return last
+    message = {"role": "assistant", "content": text, "_turn_id": turn_id}
+    messages.append(message)
+    return message
+
+
 def public_copy(message: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if not k.startswith("_")}
 

@@ -1,0 +1,95 @@
+"""Fixtures shared by the hermes unit tests: real SQLite files, a probe recorder, a model server."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hermes.runner
+from hermes import probes
+from hermes.state import SessionDB
+from supervisor.modelserver import Script, ScriptedModelServer
+
+
+@pytest.fixture(autouse=True)
+def _loopback_traffic_bypasses_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
+@pytest.fixture
+def agent_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where agents built in this test keep spilled results and trajectories."""
+    home = tmp_path / "agent-home"
+    monkeypatch.setattr(hermes.runner, "_hermes_home", home)
+    return home
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state.db"
+
+
+@pytest.fixture
+def db(db_path: Path) -> Iterator[SessionDB]:
+    handle = SessionDB(db_path)
+    yield handle
+    handle.close()
+
+
+@pytest.fixture
+def durable(db_path: Path) -> Callable[[str], list[dict[str, Any]]]:
+    """Read a session's active transcript through a second, independent connection."""
+
+    def read(session_id: str) -> list[dict[str, Any]]:
+        with SessionDB(db_path) as other:
+            return other.get_messages_as_conversation(session_id)
+
+    return read
+
+
+class ProbeRecorder:
+    """Records every probe hit; `on(name, fn)` also runs `fn(context)` at that point."""
+
+    def __init__(self) -> None:
+        self.hits: list[tuple[str, dict[str, Any]]] = []
+        self.reactions: dict[str, list[Callable[[dict[str, Any]], None]]] = {}
+
+    def __call__(self, name: str, context: dict[str, Any]) -> None:
+        self.hits.append((name, dict(context)))
+        for react in self.reactions.get(name, ()):
+            react(context)
+
+    def on(self, name: str, react: Callable[[dict[str, Any]], None]) -> None:
+        self.reactions.setdefault(name, []).append(react)
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.hits]
+
+    def count(self, name: str) -> int:
+        return self.names().count(name)
+
+
+@pytest.fixture
+def recorder() -> Iterator[ProbeRecorder]:
+    rec = ProbeRecorder()
+    previous = probes.install(rec)
+    yield rec
+    probes.install(previous)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., ScriptedModelServer]]:
+    """Start a ScriptedModelServer for a script; every server started is stopped at teardown."""
+    started: list[ScriptedModelServer] = []
+
+    def start(script: Script, **kwargs: Any) -> ScriptedModelServer:
+        server = ScriptedModelServer(script, **kwargs).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

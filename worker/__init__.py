@@ -1,0 +1,1 @@
+"""worker: one OS process that runs or resumes the turns of one agent session."""

@@ -1,0 +1,226 @@
+"""`python -m worker`: run one turn of a session, or finish its interrupted turn.
+
+    run    --db PATH --session ID --base-url URL --model NAME --message TEXT [--tools SET]
+    resume --db PATH --session ID --base-url URL --model NAME [--tools SET]
+
+Prints one JSON line with the outcome on stdout; logs JSON lines on stderr.
+Exit status: 0 the turn completed (or there was nothing to resume), 1 the turn
+failed (its failure fields say why), 2 bad arguments, database or session.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+from hermes import probes
+from hermes.resume import resume_interrupted_turn
+from hermes.runner import AIAgent
+from hermes.state import SessionDB, StorageError
+from worker import chaos_tools
+from worker.ledger import Ledger
+from worker.link import ProbeWiring, SupervisorLink
+from worker.protocol import Channel, ChannelClosed, KillPlan
+
+log = logging.getLogger("worker")
+EXIT_OK, EXIT_TURN_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad arguments, database or session: one line on stderr, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one clear line, not a usage dump
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m worker", description="Run or resume a turn of an agent session.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in ("run", "resume"):
+        sub = commands.add_parser(name)
+        sub.add_argument("--db", required=True, type=Path, help="the session database (SQLite)")
+        sub.add_argument("--session", required=True)
+        sub.add_argument("--base-url", required=True, help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+        sub.add_argument("--model", required=True)
+        sub.add_argument("--tools", default="chaos", help="comma-separated toolsets (default: chaos)")
+        sub.add_argument("--api-key", default=None, help="default: $OPENAI_API_KEY")
+        sub.add_argument("--control", type=int, default=None, metavar="FD", help="inherited control socket")
+        sub.add_argument("--kill-at", default=None, metavar="PROBE[:N]")
+        sub.add_argument("--kill-mode", default="self", choices=("self", "external"))
+        sub.add_argument("--incarnation", type=int, default=0)
+        sub.add_argument("--ledger", type=Path, default=None, help="effects ledger (default: DB path + .effects)")
+        sub.add_argument("--stream", action="store_true", help="stream model replies")
+        sub.add_argument("--synchronous", default="FULL", choices=("FULL", "NORMAL"))
+        sub.add_argument("--busy-budget", type=float, default=10.0, metavar="SECONDS")
+        sub.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="model request timeout")
+        sub.add_argument("--max-retries", type=int, default=2)
+        sub.add_argument("--system-prompt", default=None)
+        if name == "run":
+            sub.add_argument("--message", required=True)
+            sub.add_argument("--turn-id", default=None, help="run this queued turn (default: a new turn)")
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> KillPlan | None:
+    if not args.base_url.startswith(("http://", "https://")):
+        raise UsageError(f"--base-url {args.base_url!r} is not an http(s) URL")
+    if args.busy_budget < 0 or args.timeout <= 0 or args.max_retries < 0:
+        raise UsageError("--busy-budget, --timeout and --max-retries must not be negative")
+    if args.db.is_dir():
+        raise UsageError(f"--db {args.db} is a directory, not a database file")
+    if args.command == "resume" and not args.db.exists():
+        raise UsageError(f"--db {args.db} does not exist; there is nothing to resume")
+    if args.command == "run" and not args.db.parent.is_dir():
+        raise UsageError(f"--db {args.db}: directory {args.db.parent} does not exist")
+    if args.kill_mode == "external" and args.control is None:
+        raise UsageError("--kill-mode external needs --control: the supervisor does the killing")
+    if args.kill_at is None:
+        return None
+    try:
+        plan = KillPlan.parse(args.kill_at, args.kill_mode)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not probes.is_known(plan.probe):
+        raise UsageError(f"--kill-at {args.kill_at!r}: unknown probe; known: {', '.join(probes.POINTS)}")
+    return plan
+
+
+class _JsonLines(logging.Formatter):
+    def __init__(self, fields: dict[str, Any]) -> None:
+        super().__init__()
+        self.fields = fields
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"ts": round(record.created, 6), "level": record.levelname.lower(), "logger": record.name,
+                "msg": record.getMessage(), **self.fields}
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonLines({"worker": args.session, "pid": os.getpid(),
+                                     "incarnation": args.incarnation}))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    for noisy in ("httpx", "httpx2", "openai", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the supervisor) dies."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _outcome(result: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+    if result is None:
+        return {"outcome": "nothing to resume", **extra}
+    out = {"outcome": "completed" if result.get("completed") else "failed",
+           "session": result.get("session_id"), "turn_id": result.get("turn_id"),
+           "final_response": result.get("final_response"), "turn_exit_reason": result.get("turn_exit_reason"),
+           "api_calls": result.get("api_calls")}
+    if result.get("failed"):
+        out["failure_reason"] = result.get("failure_reason")
+        out["error"] = result.get("error")
+    out.update(extra)
+    return out
+
+
+def _open_db(args: argparse.Namespace) -> SessionDB:
+    try:
+        db = SessionDB(args.db, synchronous=args.synchronous, busy_budget_s=args.busy_budget)
+    except StorageError as exc:
+        raise UsageError(str(exc)) from None
+    if args.command == "resume" and db.get_session(args.session) is None:
+        db.close()
+        raise UsageError(f"session {args.session!r} is not in {args.db}")
+    return db
+
+
+def execute(args: argparse.Namespace, plan: KillPlan | None) -> int:
+    link = None
+    if args.control is not None:
+        _die_with_parent()
+        link = SupervisorLink(Channel.from_fd(args.control))
+        link.report({"type": "hello", "pid": os.getpid(), "incarnation": args.incarnation,
+                     "session": args.session, "command": args.command, "started": time.time()})
+    probes.install(ProbeWiring(link, plan))
+
+    db = _open_db(args)
+    ledger = Ledger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
+    chaos_tools.install(ledger, link.request if link else None)
+    toolsets = [t.strip() for t in args.tools.split(",") if t.strip()]
+    db.create_session(args.session, source="worker", model=args.model, system_prompt=args.system_prompt)
+    db.acquire_lease(args.session, owner=f"pid:{os.getpid()}:inc:{args.incarnation}")
+
+    agent_ref: list[AIAgent] = []
+
+    def project(kind: str, **fields: Any) -> None:
+        turn = agent_ref[0]._current_turn_id if agent_ref else None
+        event = {"type": "ui", "kind": kind, "session": args.session, "turn": turn, **fields}
+        if link is not None:
+            link.request(event)
+        else:
+            log.info("ui %s", json.dumps(event, ensure_ascii=False))
+
+    try:
+        agent = AIAgent(api_key=args.api_key, base_url=args.base_url, model=args.model, session_db=db,
+                        session_id=args.session, enabled_toolsets=toolsets, system_prompt=args.system_prompt,
+                        stream=args.stream, request_timeout=args.timeout, max_retries=args.max_retries,
+                        interim_assistant_callback=lambda text, already_streamed=False: project(
+                            "interim", text=text),
+                        tool_complete_callback=lambda call_id, name, _args, content: project(
+                            "tool_complete", tool_call_id=call_id, tool=name, content=content))
+    except ValueError as exc:  # e.g. an unknown toolset
+        raise UsageError(str(exc)) from None
+    agent.session_source = "worker"
+    agent._session_db_created = True
+    agent_ref.append(agent)
+
+    resumed = resume_interrupted_turn(agent, system_message=args.system_prompt)
+    if args.command == "resume":
+        out = _outcome(resumed)
+    elif resumed is not None and not resumed.get("completed"):
+        # The older turn could not finish; a new one must not overtake it.
+        out = _outcome(resumed, note="the interrupted turn could not be finished; the new message was not run")
+    else:
+        result = agent.run_conversation(args.message, system_message=args.system_prompt, turn_id=args.turn_id)
+        out = _outcome(result, **({"resumed_turn": resumed.get("turn_id")} if resumed else {}))
+    print(json.dumps(out, ensure_ascii=False), flush=True)
+    if link is not None:
+        link.report({"type": "outcome", "result": out})
+    db.close()
+    ledger.close()
+    return EXIT_OK if out["outcome"] in ("completed", "nothing to resume") else EXIT_TURN_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        plan = _validate(args)
+        _setup_logging(args)
+        return execute(args, plan)
+    except UsageError as exc:
+        print(f"worker: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ChannelClosed as exc:
+        print(f"worker: supervisor channel closed ({exc}); stopping", file=sys.stderr)
+        return EXIT_TURN_FAILED
