@@ -14,6 +14,7 @@ Dispatch goes through ``agent._dispatch_tool`` (sequential) and ``agent._invoke_
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -46,8 +47,11 @@ def maybe_persist_tool_result(*, content: str, tool_name: str, tool_call_id: str
         content = str(content)
     if len(content) <= threshold or spill_dir is None:
         return content
-    safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", tool_call_id) or "call"
-    path = Path(spill_dir) / f"{safe_id}.txt"
+    # A readable stem plus a digest of the raw id: two ids that clean to the same stem
+    # must never share (and overwrite) one file.
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", tool_call_id)[:64] or "call"
+    digest = hashlib.sha256(tool_call_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    path = Path(spill_dir) / f"{stem}-{digest}.txt"
     preview = content[:SPILL_PREVIEW_CHARS]
     try:
         Path(spill_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -72,6 +76,8 @@ def _parse_arguments(call: dict[str, Any]) -> tuple[dict[str, Any] | None, str |
     except (TypeError, ValueError) as exc:
         return None, tool_error(f"the arguments for {call['function']['name']!r} are not valid JSON "
                                 f"({exc}); the tool was not run. Send a JSON object.")
+    if args is None:  # some models send `null` for a call that takes no arguments
+        return {}, None
     if not isinstance(args, dict):
         return None, tool_error(f"the arguments for {call['function']['name']!r} must be a JSON object, "
                                 f"not {type(args).__name__}; the tool was not run.")

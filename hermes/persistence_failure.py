@@ -65,7 +65,8 @@ def describe(cause: str, detail: str | None = None, db_path: object = None) -> s
     said = f" SQLite said: {detail}." if detail else ""
     closed = "The turn stopped before showing or running anything that was not saved."
     text = {
-        "locked": (f"Session storage was busy: another process held the database write lock{where} "
+        # No path here: a path may itself contain the word "disk", and this message must not.
+        "locked": ("Session storage was busy: another process held the database write lock "
                    f"for longer than this agent is willing to wait. {closed} Retry the turn; if it "
                    "keeps happening, find the process that keeps the database locked."),
         "disk": (f"The session database{where} could not grow: its file system or size limit is full. "

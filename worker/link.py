@@ -27,6 +27,8 @@ class SupervisorLink:
         self._closed = threading.Event()
         self.plan: KillPlan | None = None
         self._plan_received = threading.Event()
+        self.released = threading.Event()
+        self.finished = False  # set once the outcome is sent; after that a closed channel is expected
         threading.Thread(target=self._read_loop, name="supervisor-link", daemon=True).start()
 
     def _read_loop(self) -> None:
@@ -43,6 +45,8 @@ class SupervisorLink:
                     if message.get("kill_at"):
                         self.plan = KillPlan.parse(message["kill_at"], message.get("mode", "self"))
                     self._plan_received.set()
+                elif kind == "continue":
+                    self.released.set()
         except ChannelClosed:
             pass
         finally:
@@ -52,6 +56,9 @@ class SupervisorLink:
                 for event in self._waiting.values():
                     event.set()
                 self._waiting.clear()
+            if not self.finished:
+                # The supervisor is gone (killed or exited): an unsupervised worker must not go on.
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def wait_for_plan(self, timeout: float) -> None:
         self._plan_received.wait(timeout)
@@ -94,6 +101,9 @@ class ProbeWiring:
         if not kill:
             return
         assert plan is not None
+        if plan.mode == "pause" and self.link is not None:
+            self.link.released.wait()
+            return
         if plan.mode == "external" and self.link is not None:
             # The supervisor kills us by pid; until then nothing else may happen.
             while True:

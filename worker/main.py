@@ -15,19 +15,21 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from hermes import probes
+from hermes import persistence_failure, probes
+from hermes.compaction import compact_if_needed
 from hermes.resume import resume_interrupted_turn
-from hermes.runner import AIAgent
+from hermes.runner import PERSISTENCE_FAILED, AIAgent
 from hermes.state import SessionDB, StorageError
 from worker import chaos_tools
 from worker.ledger import Ledger
 from worker.link import ProbeWiring, SupervisorLink
-from worker.protocol import Channel, ChannelClosed, KillPlan
+from worker.protocol import KILL_MODES, Channel, ChannelClosed, KillPlan
 
 log = logging.getLogger("worker")
 EXIT_OK, EXIT_TURN_FAILED, EXIT_USAGE = 0, 1, 2
@@ -55,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--api-key", default=None, help="default: $OPENAI_API_KEY")
         sub.add_argument("--control", type=int, default=None, metavar="FD", help="inherited control socket")
         sub.add_argument("--kill-at", default=None, metavar="PROBE[:N]")
-        sub.add_argument("--kill-mode", default="self", choices=("self", "external"))
+        sub.add_argument("--kill-mode", default="self", choices=KILL_MODES)
         sub.add_argument("--incarnation", type=int, default=0)
         sub.add_argument("--ledger", type=Path, default=None, help="effects ledger (default: DB path + .effects)")
         sub.add_argument("--stream", action="store_true", help="stream model replies")
@@ -67,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "run":
             sub.add_argument("--message", required=True)
             sub.add_argument("--turn-id", default=None, help="run this queued turn (default: a new turn)")
+            sub.add_argument("--compact-above", type=int, default=0, metavar="ROWS",
+                             help="before the turn, summarize older turns when the session has more rows")
     return parser
 
 
@@ -81,8 +85,8 @@ def _validate(args: argparse.Namespace) -> KillPlan | None:
         raise UsageError(f"--db {args.db} does not exist; there is nothing to resume")
     if args.command == "run" and not args.db.parent.is_dir():
         raise UsageError(f"--db {args.db}: directory {args.db.parent} does not exist")
-    if args.kill_mode == "external" and args.control is None:
-        raise UsageError("--kill-mode external needs --control: the supervisor does the killing")
+    if args.kill_mode != "self" and args.control is None:
+        raise UsageError(f"--kill-mode {args.kill_mode} needs --control: the supervisor does the killing")
     if args.kill_at is None:
         return None
     try:
@@ -155,29 +159,48 @@ def _open_db(args: argparse.Namespace) -> SessionDB:
     return db
 
 
-def execute(args: argparse.Namespace, plan: KillPlan | None) -> int:
-    link = None
-    if args.control is not None:
-        _die_with_parent()
-        link = SupervisorLink(Channel.from_fd(args.control))
-        link.report({"type": "hello", "pid": os.getpid(), "incarnation": args.incarnation,
-                     "session": args.session, "command": args.command, "started": time.time()})
-    probes.install(ProbeWiring(link, plan))
+def _compact(agent: AIAgent, max_rows: int) -> None:
+    try:
+        if compact_if_needed(agent, max_rows):
+            log.info("compacted session %s", agent.session_id)
+    except Exception as exc:  # an unavailable summarizer must not cost the user their turn
+        log.warning("compaction skipped: %s", exc)
 
-    db = _open_db(args)
-    ledger = Ledger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
-    chaos_tools.install(ledger, link.request if link else None)
+
+def _storage_failure(args: argparse.Namespace, exc: Exception) -> dict[str, Any]:
+    """The outcome of a worker that could not even claim its session (e.g. the database is locked)."""
+    cause = persistence_failure.classify(exc)
+    detail = None if cause == "locked" else str(exc)
+    return {"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
+            "final_response": None, "turn_exit_reason": PERSISTENCE_FAILED,
+            "failure_reason": f"{PERSISTENCE_FAILED}:{cause}",
+            "error": persistence_failure.describe(cause, detail, args.db)}
+
+
+def _finished_turn(db: SessionDB, turn_id: str | None) -> dict[str, Any] | None:
+    """The outcome of a turn that already ended, so running it again is a no-op, not a duplicate."""
+    turn = db.get_turn(turn_id) if turn_id else None
+    if turn is None or turn["state"] not in ("done", "failed"):
+        return None
+    answers = [r["content"] for r in db.get_messages(turn["session_id"])
+               if r["turn_id"] == turn_id and r["role"] == "assistant" and not r["tool_calls"]]
+    out = {"outcome": "completed" if turn["state"] == "done" else "failed", "session": turn["session_id"],
+           "turn_id": turn_id, "final_response": answers[-1] if answers else None,
+           "turn_exit_reason": "already_finished", "api_calls": 0}
+    if turn["state"] == "failed":
+        out.update(failure_reason="already_failed", error=turn["error"])
+    return out
+
+
+def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink | None) -> AIAgent:
     toolsets = [t.strip() for t in args.tools.split(",") if t.strip()]
-    db.create_session(args.session, source="worker", model=args.model, system_prompt=args.system_prompt)
-    db.acquire_lease(args.session, owner=f"pid:{os.getpid()}:inc:{args.incarnation}")
-
     agent_ref: list[AIAgent] = []
 
     def project(kind: str, **fields: Any) -> None:
-        turn = agent_ref[0]._current_turn_id if agent_ref else None
-        event = {"type": "ui", "kind": kind, "session": args.session, "turn": turn, **fields}
+        event = {"type": "ui", "kind": kind, "session": args.session, "turn": agent_ref[0]._current_turn_id,
+                 **fields}
         if link is not None:
-            link.request(event)
+            link.request(event)  # returns once the supervisor has checked it against the database
         else:
             log.info("ui %s", json.dumps(event, ensure_ascii=False))
 
@@ -194,18 +217,48 @@ def execute(args: argparse.Namespace, plan: KillPlan | None) -> int:
     agent.session_source = "worker"
     agent._session_db_created = True
     agent_ref.append(agent)
+    return agent
 
+
+def _run_command(args: argparse.Namespace, db: SessionDB, agent: AIAgent) -> dict[str, Any]:
     resumed = resume_interrupted_turn(agent, system_message=args.system_prompt)
     if args.command == "resume":
-        out = _outcome(resumed)
-    elif resumed is not None and not resumed.get("completed"):
+        return _outcome(resumed)
+    if resumed is not None and not resumed.get("completed"):
         # The older turn could not finish; a new one must not overtake it.
-        out = _outcome(resumed, note="the interrupted turn could not be finished; the new message was not run")
+        return _outcome(resumed, note="the interrupted turn could not be finished; the new message was not run")
+    finished = _finished_turn(db, args.turn_id)
+    if finished is not None:
+        return finished
+    _compact(agent, args.compact_above)
+    result = agent.run_conversation(args.message, system_message=args.system_prompt,
+                                    conversation_history=db.load_live_messages(args.session),
+                                    turn_id=args.turn_id)
+    return _outcome(result, **({"resumed_turn": resumed.get("turn_id")} if resumed else {}))
+
+
+def execute(args: argparse.Namespace, plan: KillPlan | None) -> int:
+    link = None
+    if args.control is not None:
+        _die_with_parent()
+        link = SupervisorLink(Channel.from_fd(args.control))
+        link.report({"type": "hello", "pid": os.getpid(), "incarnation": args.incarnation,
+                     "session": args.session, "command": args.command, "started": time.time()})
+    probes.install(ProbeWiring(link, plan))
+
+    db = _open_db(args)
+    ledger = Ledger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
+    chaos_tools.install(ledger, (lambda effect: link.request(dict(effect, type="effect"))) if link else None)
+    try:
+        db.create_session(args.session, source="worker", model=args.model, system_prompt=args.system_prompt)
+        db.acquire_lease(args.session, owner=f"pid:{os.getpid()}:inc:{args.incarnation}")
+    except sqlite3.Error as exc:
+        out = _storage_failure(args, exc)
     else:
-        result = agent.run_conversation(args.message, system_message=args.system_prompt, turn_id=args.turn_id)
-        out = _outcome(result, **({"resumed_turn": resumed.get("turn_id")} if resumed else {}))
+        out = _run_command(args, db, _build_agent(args, db, link))
     print(json.dumps(out, ensure_ascii=False), flush=True)
     if link is not None:
+        link.finished = True
         link.report({"type": "outcome", "result": out})
     db.close()
     ledger.close()

@@ -12,7 +12,8 @@ Worker -> supervisor messages (``type``):
     outcome  {result}                  how the command ended
 Supervisor -> worker:
     ack      {seq}
-    plan     {kill_at: "probe[:n]" | null, mode: "self" | "external"}
+    plan     {kill_at: "probe[:n]" | null, mode: "self" | "external" | "pause"}
+    continue {}                        release a worker paused at its kill point
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from typing import Any
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
-KILL_MODES = ("self", "external")
+# self: the worker SIGKILLs itself; external: it reports and blocks until the supervisor kills it;
+# pause: it reports and blocks until told to continue (the supervisor SIGSTOPs it meanwhile).
+KILL_MODES = ("self", "external", "pause")
 
 
 class ChannelClosed(Exception):

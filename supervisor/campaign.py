@@ -1,0 +1,418 @@
+"""Chaos campaigns: enumerate cases, run each (run until killed -> restart -> resume -> check).
+
+A case is one scenario run in a fresh directory (its own state.db and effects
+ledger) with at most one fault plan. Modes:
+
+    exhaustive  a fault-free run records every probe hit; one case per hit
+    double      each exhaustive kill, paired with each kill point of its recovery
+    random      seeded: probe kills drawn from the traces, and timer kills
+    pause       SIGSTOP at each distinct probe, a new worker takes over, SIGCONT
+
+Cases run on a thread pool (`jobs`); each case's worker processes are real OS
+processes. Results stream to history.jsonl; only running cases stay in memory.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from supervisor import observe
+from supervisor.checker import Verdict, check_case
+from supervisor.history import CaseHistory, HistoryWriter, snapshot_rows
+from supervisor.modelserver import ScriptedModelServer
+from supervisor.nemesis import Fault, timer_delays
+from supervisor.pool import Pool, WorkerProcess
+from supervisor.scenarios import SCENARIOS, Scenario, campaign_script
+
+MODES = ("exhaustive", "double", "random", "pause")
+SESSION = "chaos-session"
+MODEL = "scripted-model"
+
+
+@dataclass(frozen=True)
+class Case:
+    scenario: str
+    fault: Fault | None = None
+
+    @property
+    def case_id(self) -> str:
+        return f"{self.scenario}/{self.fault.label() if self.fault else 'fault-free'}"
+
+    def repro(self) -> str:
+        return f"hermes-supervisor chaos --case '{self.case_id}'"
+
+    @classmethod
+    def parse(cls, case_id: str) -> "Case":
+        scenario, _, label = case_id.partition("/")
+        if scenario not in SCENARIOS:
+            raise ValueError(f"case {case_id!r}: unknown scenario {scenario!r}")
+        return cls(scenario, None if label in ("", "fault-free") else Fault.parse(label))
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    verdict: Verdict
+    kills: int
+    restarts: int
+    seconds: float
+    # (turn, process, probe, n) of every probe hit, for enumerating further cases.
+    trace: list[tuple[int, int, str, int]] = field(default_factory=list)
+    fired: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"case": self.case.case_id, "scenario": self.case.scenario,
+                "fault": self.case.fault.label() if self.case.fault else None,
+                "verdict": self.verdict.to_json(), "kills": self.kills, "restarts": self.restarts,
+                "seconds": round(self.seconds, 3), "fired": self.fired, "repro": self.case.repro()}
+
+
+@dataclass
+class CampaignConfig:
+    scenarios: list[str]
+    mode: str = "exhaustive"
+    seed: int = 0
+    runs: int = 50
+    jobs: int = 2
+    shard: tuple[int, int] = (1, 1)
+    kill_modes: tuple[str, ...] = ("self",)
+    workdir: Path | None = None
+    keep: bool = False
+    max_restarts: int = 8
+    process_timeout: float = 60.0
+    limit: int | None = None
+    case_ids: tuple[str, ...] = ()
+
+
+class CaseRunner:
+    """Runs one case against a shared model server and process pool."""
+
+    def __init__(self, case: Case, root: Path, base_url: str, pool: Pool, sink: HistoryWriter | None,
+                 config: CampaignConfig, on_log: Callable[[WorkerProcess, bytes], None] | None = None) -> None:
+        self.case = case
+        self.scenario: Scenario = SCENARIOS[case.scenario]
+        self.dir = root / case.case_id.replace("/", "__").replace(":", "_")
+        self.db = self.dir / "state.db"
+        self.ledger = self.dir / "effects.db"
+        self.base_url = base_url
+        self.pool = pool
+        self.config = config
+        self.on_log = on_log
+        self.history = CaseHistory(case.case_id, sink)
+        self._conn_lock = threading.Lock()
+        self._conn: Any = None
+        self._incarnations = 0
+        self._where: dict[int, tuple[int, int]] = {}  # incarnation -> (turn, process)
+        self._paused = threading.Event()
+        self.kills = 0
+
+    # -------------------------------------------------------------- observing
+    def _readonly(self) -> Any:
+        if self._conn is None:
+            self._conn = observe.open_readonly(self.db)
+        return self._conn
+
+    def _on_message(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        inc = proc.incarnation
+        if kind == "hello":
+            self.history.record("hello", incarnation=inc, pid=msg.get("pid"))
+        elif kind == "probe":
+            self.history.record("probe", incarnation=inc, name=msg["name"], n=msg["n"], ctx=msg.get("ctx", {}),
+                                kill=bool(msg.get("kill")))
+            if msg.get("kill"):
+                mode = msg.get("mode")
+                if mode == "pause":
+                    self._paused.set()
+                elif mode == "external":
+                    proc.kill("supervisor")
+                    self.history.record("kill", incarnation=inc, pid=proc.pid, signal=signal.SIGKILL,
+                                        by="supervisor", probe=f"{msg['name']}:{msg['n']}")
+                else:
+                    self.history.record("kill", incarnation=inc, pid=proc.pid, signal=signal.SIGKILL, by="self",
+                                        probe=f"{msg['name']}:{msg['n']}")
+        elif kind == "ui":
+            with self._conn_lock:
+                durable, witness = observe.ui_durability(self._readonly(), msg)
+            self.history.record("ui", incarnation=inc, kind=msg.get("kind"), turn=msg.get("turn"),
+                                tool_call_id=msg.get("tool_call_id"), text=msg.get("text"), durable=durable,
+                                witness=witness)
+            proc.send({"type": "ack", "seq": msg["seq"]})
+        elif kind == "effect":
+            with self._conn_lock:
+                request, intent, witness = observe.effect_durability(self._readonly(), msg)
+            self.history.record("effect", incarnation=inc, tool=msg.get("tool"), policy=msg.get("policy"),
+                                tool_call_id=msg.get("tool_call_id"), turn=msg.get("turn"),
+                                idempotency_key=msg.get("idempotency_key"), request_durable=request,
+                                intent_durable=intent, witness=witness)
+            proc.send({"type": "ack", "seq": msg["seq"]})
+        elif kind == "outcome":
+            self.history.record("outcome", incarnation=inc, result=msg.get("result"))
+
+    # ---------------------------------------------------------------- running
+    def _fault_for(self, turn: int, process: int) -> Fault | None:
+        fault = self.case.fault
+        while fault is not None:
+            if fault.turn == turn and fault.process == process:
+                return fault
+            fault = fault.then
+        return None
+
+    def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None) -> WorkerProcess:
+        turn = self.scenario.turns[turn_index]
+        args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", self.base_url,
+                "--model", MODEL, "--ledger", str(self.ledger), "--timeout", "20", *self.scenario.extra_args()]
+        if command == "run":
+            args += ["--message", turn.message, "--turn-id", f"turn-{turn_index}"]
+        if fault is not None:
+            args += fault.worker_args()
+        self._incarnations += 1
+        inc = self._incarnations
+        self._where[inc] = (turn_index, process)
+        proc = self.pool.spawn(args, incarnation=inc, on_message=self._on_message, on_log=self.on_log)
+        self.history.record("spawn", incarnation=inc, pid=proc.pid, create_time=proc.create_time, command=command,
+                            turn_index=turn_index, turn_id=f"turn-{turn_index}", process=process,
+                            kill_at=fault.point if fault else None, kill_mode=fault.kind if fault else None)
+        if fault is not None and fault.kind == "timer":
+            def fire() -> None:
+                if proc.kill("timer"):
+                    self.history.record("kill", incarnation=inc, pid=proc.pid, signal=signal.SIGKILL, by="timer",
+                                        probe=None)
+            timer = threading.Timer(fault.delay_ms / 1000.0, fire)
+            timer.daemon = True
+            timer.start()
+        return proc
+
+    def _finish(self, proc: WorkerProcess) -> None:
+        if not proc.wait(self.config.process_timeout):
+            proc.kill("timeout")
+            self.history.record("kill", incarnation=proc.incarnation, pid=proc.pid, signal=signal.SIGKILL,
+                                by="timeout", probe=None)
+            proc.wait()
+        self.history.record("exit", incarnation=proc.incarnation, pid=proc.pid, returncode=proc.returncode,
+                            signal=proc.signal)
+        if proc.signal == signal.SIGKILL:
+            self.kills += 1
+        self.history.record("snapshot", after="exit", rows={str(k): v for k, v in snapshot_rows(self.db).items()})
+
+    def _turn_state(self, turn_index: int) -> str | None:
+        with self._conn_lock:
+            conn = self._readonly()
+            if conn is None:
+                return None
+            row = conn.execute("SELECT state FROM turns WHERE id = ?", (f"turn-{turn_index}",)).fetchone()
+        return row[0] if row else None
+
+    def _take_over_while_paused(self, old: WorkerProcess, turn_index: int, process: int) -> int:
+        """SIGSTOP the paused worker, let a new one finish the turn, then SIGCONT the old one."""
+        old.signal_group(signal.SIGSTOP)
+        self.history.record("pause", incarnation=old.incarnation, pid=old.pid)
+        newer = self._spawn("resume", turn_index, process, self._fault_for(turn_index, process))
+        self._finish(newer)
+        old.signal_group(signal.SIGCONT)
+        old.send({"type": "continue"})
+        self.history.record("cont", incarnation=old.incarnation, pid=old.pid)
+        return process + 1
+
+    def run(self) -> CaseResult:
+        started = time.monotonic()
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        restarts = 0
+        for turn_index in range(len(self.scenario.turns)):
+            process, command = 0, "run"
+            while True:
+                fault = self._fault_for(turn_index, process)
+                self._paused.clear()
+                proc = self._spawn(command, turn_index, process, fault)
+                process += 1
+                if fault is not None and fault.kind == "pause":
+                    while not proc.exited.is_set() and not self._paused.wait(0.05):
+                        pass
+                    if self._paused.is_set():
+                        process = self._take_over_while_paused(proc, turn_index, process)
+                self._finish(proc)
+                if proc.signal == signal.SIGKILL:
+                    restarts += 1
+                    if restarts > self.config.max_restarts:
+                        break
+                    command = "resume"
+                    continue
+                if self._turn_state(turn_index) in ("done", "failed"):
+                    break
+                if command == "resume":
+                    command = "run"  # nothing was interrupted: the turn never started; start it
+                    continue
+                break
+        events = self.history.events
+        verdict = check_case(self.db, self.ledger, events, self.scenario.expectation(),
+                             planned_kill=self.case.fault.point if self.case.fault and
+                             self.case.fault.kind != "timer" else None)
+        with self._conn_lock:
+            if self._conn is not None:
+                self._conn.close()
+        trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events if e["type"] == "probe"]
+        fired = [f"{e['name']}:{e['n']}" for e in events if e["type"] == "probe" and e.get("kill")]
+        return CaseResult(self.case, verdict, self.kills, restarts, time.monotonic() - started, trace, fired)
+
+
+def enumerate_cases(mode: str, scenario: str, baseline: CaseResult, config: CampaignConfig,
+                    recoveries: dict[str, CaseResult] | None = None) -> list[Case]:
+    """The cases a mode derives from a scenario's fault-free trace (and, for double, recoveries)."""
+    points = sorted(set(baseline.trace))
+    if mode == "exhaustive":
+        return [Case(scenario, Fault("probe", t, p, probe=name, n=n, mode=km))
+                for (t, p, name, n) in points for km in config.kill_modes]
+    if mode == "pause":
+        # Pause once at the first hit of each distinct probe of the first process of each turn.
+        firsts = {(t, name): (t, p, name, n) for (t, p, name, n) in reversed(points) if p == 0 and n == 1}
+        return [Case(scenario, Fault("pause", t, p, probe=name, n=n)) for (t, p, name, n) in sorted(firsts.values())]
+    if mode == "double":
+        cases = []
+        for first_id, result in sorted((recoveries or {}).items()):
+            first = Case.parse(first_id).fault
+            assert first is not None
+            recovery = first.process + 1
+            for (t, p, name, n) in sorted(set(result.trace)):
+                if t == first.turn and p == recovery:
+                    second = Fault("probe", t, p, probe=name, n=n)
+                    cases.append(Case(scenario, Fault(first.kind, first.turn, first.process, first.probe, first.n,
+                                                      first.mode, then=second)))
+        return cases
+    raise ValueError(f"mode {mode!r} has no enumeration")
+
+
+def random_cases(config: CampaignConfig, baselines: dict[str, CaseResult]) -> list[Case]:
+    rng = random.Random(config.seed)
+    delays = timer_delays(config.seed, config.runs)
+    names = sorted(baselines)
+    cases = []
+    for i in range(config.runs):
+        scenario = names[i % len(names)]
+        if rng.random() < 0.5:
+            cases.append(Case(scenario, Fault("timer", 0, 0, delay_ms=delays[i])))
+        else:
+            t, p, name, n = rng.choice(sorted(set(baselines[scenario].trace)))
+            cases.append(Case(scenario, Fault("probe", t, p, probe=name, n=n, mode=rng.choice(config.kill_modes))))
+    return cases
+
+
+def in_shard(case: Case, shard: tuple[int, int]) -> bool:
+    index, count = shard
+    return zlib.crc32(case.case_id.encode()) % count == index - 1
+
+
+class Campaign:
+    def __init__(self, config: CampaignConfig, progress: Callable[[str], None] | None = None,
+                 history_path: Path | None = None, log_sink: Callable[[WorkerProcess, bytes], None] | None = None
+                 ) -> None:
+        self.config = config
+        self.progress = progress or (lambda line: None)
+        self.pool = Pool()
+        self.history = HistoryWriter(history_path) if history_path else None
+        self.log_sink = log_sink
+        self.results: list[CaseResult] = []
+        self.baselines: dict[str, CaseResult] = {}
+
+    def _run_cases(self, cases: list[Case], root: Path, base_url: str) -> list[CaseResult]:
+        def one(case: Case) -> CaseResult:
+            result = CaseRunner(case, root, base_url, self.pool, self.history, self.config, self.log_sink).run()
+            if not self.config.keep and result.verdict.valid is True:
+                shutil.rmtree(root / case.case_id.replace("/", "__").replace(":", "_"), ignore_errors=True)
+            mark = {True: "ok", False: "VIOLATION"}.get(result.verdict.valid, "unknown")  # type: ignore[arg-type]
+            self.progress(f"{mark:9} {case.case_id} ({result.seconds:.2f}s, {result.kills} kills)")
+            return result
+
+        with ThreadPoolExecutor(max_workers=max(1, self.config.jobs)) as pool:
+            return list(pool.map(one, cases))
+
+    def run(self) -> list[CaseResult]:
+        config = self.config
+        root = Path(config.workdir or tempfile.mkdtemp(prefix="hermes-chaos-"))
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        scenarios = [SCENARIOS[name] for name in config.scenarios]
+        try:
+            with ScriptedModelServer(campaign_script(scenarios), model=MODEL) as server:
+                if config.case_ids:
+                    self.results = self._run_cases([Case.parse(c) for c in config.case_ids], root, server.base_url)
+                    return self.results
+                baselines = self._run_cases([Case(s.name) for s in scenarios], root, server.base_url)
+                self.baselines = {r.case.scenario: r for r in baselines}
+                cases = self._derive(root, server.base_url)
+                cases = [c for c in cases if in_shard(c, config.shard)]
+                if config.limit is not None:
+                    cases = cases[: config.limit]
+                self.progress(f"{len(cases)} cases ({config.mode}) over {len(scenarios)} scenario(s)")
+                self.results = baselines + self._run_cases(cases, root, server.base_url)
+        finally:
+            self.pool.kill_all()
+            if self.history is not None:
+                self.history.close()
+            if not config.keep and config.workdir is None:
+                shutil.rmtree(root, ignore_errors=True)
+        return self.results
+
+    def _derive(self, root: Path, base_url: str) -> list[Case]:
+        config = self.config
+        if config.mode == "random":
+            return random_cases(config, self.baselines)
+        if config.mode == "double":
+            firsts = [c for s, b in self.baselines.items() for c in enumerate_cases("exhaustive", s, b, config)]
+            firsts = [c for c in firsts if in_shard(c, config.shard)]
+            if config.limit is not None:
+                firsts = firsts[: config.limit]
+            recoveries = self._run_cases(firsts, root, base_url)
+            self.results.extend(recoveries)
+            by_scenario: dict[str, dict[str, CaseResult]] = {}
+            for result in recoveries:
+                by_scenario.setdefault(result.case.scenario, {})[result.case.case_id] = result
+            return [c for s, b in self.baselines.items()
+                    for c in enumerate_cases("double", s, b, config, by_scenario.get(s, {}))]
+        return [c for s, b in self.baselines.items() for c in enumerate_cases(config.mode, s, b, config)]
+
+
+def summarize(results: list[CaseResult]) -> dict[str, Any]:
+    """The campaign's report data: cases, violations, and per kill point what happened."""
+    from hermes.probes import POINTS
+
+    points: dict[str, dict[str, Any]] = {p: {"hit": False, "cases": 0, "violations": 0} for p in POINTS}
+    violations = []
+    seen_in_trace: set[str] = set()
+    for result in results:
+        seen_in_trace.update(name for (_t, _p, name, _n) in result.trace)
+        fault = result.case.fault
+        targeted = []
+        while fault is not None:
+            if fault.probe:
+                targeted.append(fault)
+            fault = fault.then
+        for f in targeted:
+            entry = points.setdefault(f.probe, {"hit": False, "cases": 0, "violations": 0})
+            entry["cases"] += 1
+            if f.point in result.fired:
+                entry["hit"] = True
+            if result.verdict.valid is False:
+                entry["violations"] += 1
+        for v in result.verdict.violations:
+            violations.append({"invariant": v.invariant, "case": result.case.case_id,
+                               "probe": result.case.fault.point if result.case.fault else None,
+                               "message": v.message, "witness": v.witness, "repro": result.case.repro()})
+    unfired = [r.case.case_id for r in results if r.verdict.valid == "unknown"]
+    return {"ok": not violations and not unfired, "cases": len(results),
+            "kills": sum(r.kills for r in results), "violations": violations, "unfired": unfired,
+            "points": points, "reached": sorted(seen_in_trace),
+            "seconds": round(sum(r.seconds for r in results), 3)}
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
+    path.chmod(0o600)

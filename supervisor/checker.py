@@ -1,0 +1,742 @@
+"""The checker: (durable state.db, effects ledger, observed history) -> verdict.
+
+One small function per invariant of the design's contract. Each states its property
+exactly in its docstring and returns a :class:`Verdict` whose `valid` is True, False
+or "unknown"; every violation names its invariant and carries a witness (row ids,
+rows, events) a person can follow. :func:`compose` merges verdicts: False beats
+"unknown" beats True. "unknown" is an honest answer (the ledger is missing, a
+planned kill never fired, the supervisor could not tell) and is never rounded to pass.
+
+The checker only reads: the database and the ledger are opened through read-only
+``file:...?mode=ro`` connections, and messages are decoded by ``SessionDB`` itself so
+the checker sees exactly what a resuming worker would.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Collection, Iterable, Sequence
+
+from hermes.executor import CANCELLED_RESULT
+from hermes.state import SessionDB, StorageError
+from hermes.tools import AT_MOST_ONCE, IDEMPOTENT
+from supervisor.history import canonical_json, is_blank_assistant, row_digest, summarize_row
+from worker.ledger import Ledger
+from worker.protocol import KillPlan
+
+UNKNOWN = "unknown"
+DEFAULT_MAX_RESTARTS = 10
+
+INVARIANTS = ("durable-before-visible", "durable-before-effect", "no-lost-rows", "no-duplicate-rows",
+              "well-formed", "effect-semantics", "turn-liveness", "answer-once", "sanitize-pure", "coverage")
+(DURABLE_BEFORE_VISIBLE, DURABLE_BEFORE_EFFECT, NO_LOST_ROWS, NO_DUPLICATE_ROWS, WELL_FORMED,
+ EFFECT_SEMANTICS, TURN_LIVENESS, ANSWER_ONCE, SANITIZE_PURE, COVERAGE) = INVARIANTS
+
+# The tools of worker/chaos_tools.py: each records every real execution in the ledger,
+# so for them "a result that claims success" implies "an execution row exists". Other
+# tools (read_file, ...) never touch the ledger and cannot be judged that way.
+# tests/test_checker.py keeps this in step with the chaos tool set.
+CHAOS_TOOLS = frozenset({"lookup", "slow_lookup", "set_value", "append_note", "broken_tool", "restart_agent"})
+
+# How much of a row's text a witness quotes: enough to recognise it in a report.
+_QUOTE = 200
+
+
+# ------------------------------------------------------------------ verdicts
+@dataclass
+class Violation:
+    invariant: str
+    message: str
+    witness: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"invariant": self.invariant, "message": self.message, "witness": self.witness}
+
+
+@dataclass
+class Verdict:
+    valid: bool | str
+    violations: list[Violation] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    name: str = ""
+    # Why the answer is "unknown" (or, for a composed verdict, which parts were not True).
+    message: str = ""
+    parts: list["Verdict"] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "valid": self.valid, "counts": dict(self.counts),
+                               "violations": [v.to_json() for v in self.violations]}
+        if self.message:
+            out["message"] = self.message
+        if self.parts:
+            # Brief: the parts' violations and counts are already above, in full.
+            out["parts"] = [{"name": p.name, "valid": p.valid, "violations": len(p.violations),
+                             **({"message": p.message} if p.message else {})} for p in self.parts]
+        return out
+
+
+def _rank(valid: bool | str) -> int:
+    # Explicit identity checks: "unknown" is truthy, so `if valid` would read it as a pass.
+    if valid is False:
+        return 0
+    if valid == UNKNOWN:
+        return 1
+    if valid is True:
+        return 2
+    raise ValueError(f"a verdict is True, False or {UNKNOWN!r}, not {valid!r}")
+
+
+def compose(verdicts: list[Verdict], name: str = "composed") -> Verdict:
+    """One verdict for many: False if any is False, else "unknown" if any is, else True.
+
+    Violations are concatenated, counts are kept under "<part>.<count>", and the
+    message lists why each part that did not pass did not.
+    """
+    valid: bool | str = True
+    for verdict in verdicts:
+        if _rank(verdict.valid) < _rank(valid):
+            valid = verdict.valid
+    counts = {f"{v.name}.{key}": n for v in verdicts for key, n in v.counts.items()}
+    notes = [f"{v.name}: {v.message}" for v in verdicts if v.valid is not True and v.message]
+    return Verdict(valid=valid, violations=[x for v in verdicts for x in v.violations], counts=counts,
+                   name=name, message="; ".join(notes), parts=list(verdicts))
+
+
+def _verdict(name: str, violations: list[Violation], counts: dict[str, int],
+             unknown: str | None = None) -> Verdict:
+    """False with violations; else "unknown" when `unknown` says why; else True."""
+    if violations:
+        return Verdict(False, violations, counts, name)
+    if unknown:
+        return Verdict(UNKNOWN, [], counts, name, message=unknown)
+    return Verdict(True, [], counts, name)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What a scenario declares about its end state."""
+
+    turns: int                              # number of user turns that must end
+    final_answers: tuple[str, ...] = ()     # expected final answer per turn, in order ("" = don't check)
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+
+
+# ------------------------------------------------------------ durable state
+@dataclass
+class Durable:
+    """Everything the invariants read from one state.db, loaded once per check."""
+
+    path: Path
+    sessions: list[str] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)        # every message row, id order
+    turns: list[dict[str, Any]] = field(default_factory=list)       # created_at order
+    dispatches: list[dict[str, Any]] = field(default_factory=list)  # dispatch intents
+    missing: bool = False        # no file (or no schema yet): an empty database, honestly
+    error: str | None = None     # the file exists but cannot be read
+
+    def running_turns(self) -> set[str]:
+        return {t["id"] for t in self.turns if t["state"] == "running"}
+
+    def active_rows_by_session(self) -> dict[str, list[dict[str, Any]]]:
+        by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in self.rows:
+            if row["active"]:
+                by_session[row["session_id"]].append(row)
+        return dict(by_session)
+
+
+def load_durable(db_path: Path, session_id: str | None = None) -> Durable:
+    """Read the whole durable state of `db_path` (or of one session) through a read-only connection."""
+    path = Path(db_path)
+    if not path.exists():
+        return Durable(path, missing=True)
+    try:
+        db = SessionDB(path, readonly=True)
+    except (StorageError, sqlite3.DatabaseError) as exc:
+        return Durable(path, error=str(exc))
+    try:
+        sessions = [s["id"] for s in db.list_sessions()]
+        if session_id is not None:
+            sessions = [s for s in sessions if s == session_id]
+        rows = [r for s in sessions for r in db.get_messages(s, include_inactive=True)]
+        rows.sort(key=lambda r: r["id"])
+        turns = [t for t in db.get_turns() if session_id is None or t["session_id"] == session_id]
+        dispatches = [d for s in sessions for d in db.get_dispatches(s)]
+        return Durable(path, sessions, rows, turns, dispatches)
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):  # created, schema not committed: nothing durable yet
+            return Durable(path, missing=True)
+        return Durable(path, error=str(exc))
+    except (sqlite3.DatabaseError, ValueError) as exc:  # ValueError: a row's JSON does not decode
+        return Durable(path, error=str(exc))
+    finally:
+        db.close()
+
+
+DB = Path | Durable
+
+
+def _durable(db: DB) -> Durable:
+    return db if isinstance(db, Durable) else load_durable(Path(db))
+
+
+def _unreadable(name: str, d: Durable) -> Verdict:
+    return Verdict(UNKNOWN, [], {}, name, message=f"cannot read {d.path}: {d.error}")
+
+
+def load_executions(ledger: Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | str:
+    """The ledger's execution rows, or a string saying why there are none to judge by."""
+    if ledger is None:
+        return "no effects ledger was given"
+    if not isinstance(ledger, (str, Path)):
+        return list(ledger)
+    path = Path(ledger)
+    if not path.exists():
+        return f"no effects ledger at {path}"
+    try:
+        handle = Ledger(path, readonly=True)
+    except sqlite3.DatabaseError as exc:
+        return f"cannot open effects ledger {path}: {exc}"
+    try:
+        return handle.executions()
+    except sqlite3.DatabaseError as exc:  # e.g. killed before its schema was committed
+        return f"cannot read effects ledger {path}: {exc}"
+    finally:
+        handle.close()
+
+
+# ------------------------------------------------------------------ helpers
+def _brief(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as a witness shows it: its identity and the start of what it says."""
+    content = row.get("content")
+    text = content if isinstance(content, str) or content is None else canonical_json(content)
+    calls = row.get("tool_calls") or []
+    return {"id": row["id"], "session": row.get("session_id"), "turn": row.get("turn_id"),
+            "role": row.get("role"), "active": row.get("active"), "cloned_from": row.get("cloned_from"),
+            "tool_call_id": row.get("tool_call_id"),
+            "tool_calls": [c.get("id") for c in calls if isinstance(c, dict)],
+            "content": text[:_QUOTE] if isinstance(text, str) else text}
+
+
+def _call_ids(row: dict[str, Any]) -> list[str]:
+    calls = row.get("tool_calls")
+    if not isinstance(calls, list):
+        return []
+    return [c.get("id") for c in calls if isinstance(c, dict)]
+
+
+def _of_type(events: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("type") == kind]
+
+
+def _when(event: dict[str, Any]) -> dict[str, Any]:
+    """Where an observation sits in the history, for a witness."""
+    return {k: event.get(k) for k in ("t", "type", "incarnation", "after") if k in event}
+
+
+def _witness_row_ids(witness: Any) -> list[int]:
+    """Row ids an event's witness names: "row_id", "row_ids", "assistant_row_ids" (the rows an
+    effect's request was found in), or "rows" as ids, dicts with "id", or a map keyed by id."""
+    if not isinstance(witness, dict):
+        return []
+    found: list[Any] = [witness.get("row_id")]
+    found += list(witness.get("row_ids") or []) + list(witness.get("assistant_row_ids") or [])
+    rows = witness.get("rows")
+    if isinstance(rows, dict):
+        found += list(rows)
+    elif isinstance(rows, list):
+        found += [r.get("id") if isinstance(r, dict) else r for r in rows]
+    ids = []
+    for value in found:
+        if isinstance(value, bool):  # True is an int to Python, never a row id
+            continue
+        try:
+            ids.append(int(value))
+        except (TypeError, ValueError):
+            continue
+    return ids
+
+
+def _snapshots(events: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[int, dict[str, Any]]]]:
+    """Each snapshot event with its rows keyed by int id (JSON turned the keys into strings)."""
+    return [(e, {int(k): v for k, v in (e.get("rows") or {}).items()}) for e in _of_type(events, "snapshot")]
+
+
+def _call_key(session: Any, turn: Any, call_id: Any) -> tuple[str, str, str]:
+    # Intents store a missing turn as "", rows and the ledger as NULL: one spelling for both.
+    return (session or "", turn or "", call_id or "")
+
+
+def _result_kind(content: Any) -> str:
+    """What a tool row claims: "unknown" (outcome unknown), "error", "cancelled" or "success"."""
+    parsed = content
+    if isinstance(content, str):
+        try:
+            parsed = json.loads(content)
+        except ValueError:
+            parsed = None
+    if isinstance(parsed, dict):
+        if parsed.get("status") == "outcome_unknown":
+            return "unknown"
+        if "error" in parsed:
+            return "error"
+    if isinstance(content, str):
+        # A spilled result keeps only a preview, which no longer parses as JSON.
+        if '"status": "outcome_unknown"' in content or '"status":"outcome_unknown"' in content:
+            return "unknown"
+        if content.startswith(CANCELLED_RESULT):
+            return "cancelled"
+    return "success"
+
+
+# --------------------------------------------------------------- invariants
+def durable_before_visible(events: Sequence[dict[str, Any]]) -> Verdict:
+    """Every UI projection (`ui` event) was durable in state.db at the instant it was shown.
+
+    The supervisor looked the projected text or tool result up in the database while the
+    worker waited for its ack; `durable` False is a violation, a missing `durable` means
+    the supervisor could not tell, which makes the answer unknown.
+    """
+    shown = _of_type(events, "ui")
+    violations = [Violation(DURABLE_BEFORE_VISIBLE,
+                            f"{e.get('kind')} projection of turn {e.get('turn')} was shown before it was durable",
+                            {"event": e})
+                  for e in shown if e.get("durable") is False]
+    undetermined = [e for e in shown if e.get("durable") not in (True, False)]
+    return _verdict(DURABLE_BEFORE_VISIBLE, violations,
+                    {"ui": len(shown), "not_durable": len(violations), "undetermined": len(undetermined)},
+                    f"{len(undetermined)} ui event(s) carry no durability observation" if undetermined else None)
+
+
+def durable_before_effect(events: Sequence[dict[str, Any]]) -> Verdict:
+    """No tool effect began before both the assistant row requesting it was active in
+    state.db (`request_durable`) and its dispatch intent row existed (`intent_durable`).
+    """
+    effects = _of_type(events, "effect")
+    violations = []
+    undetermined = 0
+    for e in effects:
+        flags = (e.get("request_durable"), e.get("intent_durable"))
+        missing = [n for n, f in zip(("request", "dispatch intent"), flags) if f is False]
+        if missing:
+            violations.append(Violation(
+                DURABLE_BEFORE_EFFECT,
+                f"{e.get('tool')} ran for call {e.get('tool_call_id')} before its {' and '.join(missing)} "
+                "was durable", {"event": e}))
+        elif any(f is not True for f in flags):
+            undetermined += 1
+    return _verdict(DURABLE_BEFORE_EFFECT, violations,
+                    {"effects": len(effects), "early": len(violations), "undetermined": undetermined},
+                    f"{undetermined} effect event(s) carry no durability observation" if undetermined else None)
+
+
+def no_lost_rows(db: DB, events: Sequence[dict[str, Any]]) -> Verdict:
+    """Every row id observed durable (in a `snapshot` event, or named by the witness of a
+    `ui` event or of an `effect` event) still exists in the final database, active or inactive.
+    """
+    d = _durable(db)
+    if d.error:
+        return _unreadable(NO_LOST_ROWS, d)
+    seen: dict[int, dict[str, Any]] = {}  # id -> first sighting, for the witness
+    for event, rows in _snapshots(events):
+        for row_id, row in rows.items():
+            seen.setdefault(row_id, {"first_seen": _when(event), "row": row})
+    for event in events:
+        if event.get("type") not in ("ui", "effect"):
+            continue
+        for row_id in _witness_row_ids(event.get("witness")):
+            seen.setdefault(row_id, {"first_seen": _when(event), "row": None})
+    final = {r["id"] for r in d.rows}
+    lost = sorted(set(seen) - final)
+    violations = [Violation(NO_LOST_ROWS, f"row {row_id} was observed durable and is gone from the final database",
+                            {"row_id": row_id, **seen[row_id]}) for row_id in lost]
+    return _verdict(NO_LOST_ROWS, violations, {"rows_seen": len(seen), "rows_final": len(final), "lost": len(lost)})
+
+
+def sanitize_pure(db: DB, events: Sequence[dict[str, Any]]) -> Verdict:
+    """Reading and resuming never rewrite a row they did not append.
+
+    Across successive observations (each `snapshot` event in history order, then the
+    final database) a row keeps its session, turn, role, clone origin and content
+    digest, with two exceptions: an assistant row observed blank (no text, no tool
+    calls) may become non-blank (the documented blank-row repair, which happens at most
+    once since a repaired row is no longer blank), and `active` may go 1 -> 0
+    (compaction archives) but never back. Rows absent from a later observation are
+    no-lost-rows' concern, not this invariant's.
+    """
+    d = _durable(db)
+    if d.error:
+        return _unreadable(SANITIZE_PURE, d)
+    observations = [(_when(e), rows) for e, rows in _snapshots(events)]
+    observations.append(({"type": "final"}, {r["id"]: summarize_row(r) for r in d.rows}))
+    last: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # id -> (where, row) last seen
+    violations: list[Violation] = []
+    compared = 0
+    for where, rows in observations:
+        for row_id, now in rows.items():
+            if row_id in last:
+                compared += 1
+                before_where, before = last[row_id]
+                problem = _rewrite(before, now)
+                if problem:
+                    violations.append(Violation(SANITIZE_PURE, f"row {row_id}: {problem}", {
+                        "row_id": row_id, "before": {"at": before_where, **before},
+                        "after": {"at": where, **now}}))
+            last[row_id] = (where, now)
+    return _verdict(SANITIZE_PURE, violations,
+                    {"observations": len(observations), "rows_compared": compared, "rewritten": len(violations)})
+
+
+_BLANK_DIGESTS = frozenset(row_digest({"role": "assistant", "content": c}) for c in (None, ""))
+
+
+def _was_blank(row: dict[str, Any]) -> bool:
+    # Snapshots from this module say so; an older snapshot without the flag is judged by digest.
+    if "blank" in row:
+        return bool(row["blank"])
+    return row.get("role") == "assistant" and row.get("digest") in _BLANK_DIGESTS
+
+
+def _rewrite(before: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """Why `now` is not a legal successor of `before`, or None."""
+    changed = [k for k in ("session", "turn", "role", "cloned_from") if before.get(k) != now.get(k)]
+    if changed:
+        return f"{', '.join(changed)} changed"
+    if before.get("active") == 0 and now.get("active") == 1:
+        return "an archived row became active again"
+    if before.get("digest") != now.get("digest"):
+        repaired = before.get("role") == "assistant" and _was_blank(before) and not _was_blank(now)
+        if not repaired:
+            return "content rewritten"
+    return None
+
+
+def no_duplicate_rows(db: DB) -> Verdict:
+    """Among the active rows of each session: no two tool rows answer the same
+    (turn, tool_call_id), and no two assistant rows of one turn have identical
+    (content, tool_calls).
+    """
+    d = _durable(db)
+    if d.error:
+        return _unreadable(NO_DUPLICATE_ROWS, d)
+    violations = []
+    checked = 0
+    for session, rows in d.active_rows_by_session().items():
+        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            if row["role"] == "tool":
+                groups[("tool", row["turn_id"], row["tool_call_id"])].append(row)
+            elif row["role"] == "assistant":
+                groups[("assistant", row["turn_id"],
+                        canonical_json([row["content"], row["tool_calls"]]))].append(row)
+        checked += len(rows)
+        for (role, turn, what), copies in groups.items():
+            if len(copies) < 2:
+                continue
+            if role == "tool":
+                message = f"{len(copies)} results for tool call {what} in turn {turn}"
+            else:
+                message = f"{len(copies)} identical assistant rows in turn {turn}"
+            violations.append(Violation(NO_DUPLICATE_ROWS, message, {
+                "session": session, "turn": turn, "row_ids": [r["id"] for r in copies],
+                "rows": [_brief(r) for r in copies]}))
+    return _verdict(NO_DUPLICATE_ROWS, violations, {"active_rows": checked, "duplicate_groups": len(violations)})
+
+
+def well_formed(db: DB) -> Verdict:
+    """Per session, the active rows in id order (rows of a still-running turn left out,
+    since a running turn may legally stop mid-block) form a valid transcript:
+
+    * the first non-system row is a user row (a compaction summary is one);
+    * an assistant row with tool calls is followed, before the next non-tool row, by
+      exactly one tool row per call id and by nothing else;
+    * no tool row stands outside such a block or answers an id its block did not ask for;
+    * no assistant row is blank (no text and no tool calls);
+    * an assistant row without tool calls is never directly followed by another assistant row.
+
+    A database that exists but cannot be read is not well-formed.
+    """
+    d = _durable(db)
+    if d.error:
+        return Verdict(False, [Violation(WELL_FORMED, f"the database cannot be read: {d.error}",
+                                         {"path": str(d.path)})], {}, WELL_FORMED)
+    running = d.running_turns()
+    violations: list[Violation] = []
+    checked = skipped = 0
+    for session, rows in d.active_rows_by_session().items():
+        kept = [r for r in rows if r["turn_id"] is None or r["turn_id"] not in running]
+        skipped += len(rows) - len(kept)
+        checked += len(kept)
+        violations += _transcript_shape(session, kept)
+    return _verdict(WELL_FORMED, violations,
+                    {"rows_checked": checked, "rows_of_running_turns": skipped, "violations": len(violations)})
+
+
+def _transcript_shape(session: str, rows: list[dict[str, Any]]) -> list[Violation]:
+    out: list[Violation] = []
+
+    def flag(message: str, *culprits: dict[str, Any], **extra: Any) -> None:
+        out.append(Violation(WELL_FORMED, message, {
+            "session": session, "row_ids": [r["id"] for r in culprits],
+            "rows": [_brief(r) for r in culprits], **extra}))
+
+    first = next((r for r in rows if r["role"] != "system"), None)
+    if first is not None and first["role"] != "user":
+        flag(f"the transcript starts with a {first['role']} row, not a user row", first)
+
+    block: dict[str, Any] | None = None  # the assistant row whose results are being read
+    answered: dict[str, dict[str, Any]] = {}
+
+    def close_block() -> None:
+        nonlocal block
+        if block is not None:
+            dangling = [c for c in dict.fromkeys(_call_ids(block)) if c not in answered]
+            if dangling:
+                flag(f"tool call(s) {', '.join(map(str, dangling))} have no result", block,
+                     dangling=dangling)
+        block = None
+        answered.clear()
+
+    previous: dict[str, Any] | None = None
+    for row in rows:
+        role = row["role"]
+        if role == "tool":
+            call_id = row["tool_call_id"]
+            if block is None:
+                flag(f"orphan tool result for {call_id}: it follows no assistant tool call", row)
+            elif call_id not in _call_ids(block):
+                flag(f"orphan tool result for {call_id}: assistant row {block['id']} did not ask for it",
+                     block, row)
+            elif call_id in answered:
+                flag(f"tool call {call_id} has more than one result", block, answered[call_id], row)
+            else:
+                answered[call_id] = row
+            previous = row
+            continue
+        close_block()
+        if role == "assistant":
+            if is_blank_assistant(row):
+                flag("blank assistant row (no text, no tool calls)", row)
+            if previous is not None and previous["role"] == "assistant" and not previous.get("tool_calls"):
+                flag("an assistant row without tool calls is followed by another assistant row", previous, row)
+            if row.get("tool_calls"):
+                block = row
+        previous = row
+    close_block()
+    return out
+
+
+def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
+                     events: Sequence[dict[str, Any]] = (), *,
+                     ledgered_tools: Collection[str] = CHAOS_TOOLS) -> Verdict:
+    """Tool effects, as counted by the effects ledger, match what the transcript claims.
+
+    Per tool call (session, turn, tool_call_id):
+    * an `at_most_once` call executed at most once;
+    * an `idempotent` call executed more than once only under one single idempotency key;
+    * no call executed more often than it was durably dispatched (one intent per dispatch);
+    * a result claiming success for a ledger-recording tool has an execution behind it
+      (so an at_most_once success has exactly one); an error result may have none (the
+      arguments were refused before anything ran);
+    * a result saying the outcome is unknown has a dispatch intent behind it;
+    * in a turn that completed ('done'), every dispatched call has a recorded result:
+      an unknown outcome is written down, never dropped.
+
+    Without a readable ledger nothing can be counted, and the answer is unknown.
+    """
+    d = _durable(db)
+    if d.error:
+        return _unreadable(EFFECT_SEMANTICS, d)
+    executions = load_executions(ledger)
+    if isinstance(executions, str):
+        return Verdict(UNKNOWN, [], {}, EFFECT_SEMANTICS, message=executions)
+    # A tool seen reporting an effect or recording one writes to the ledger, whatever its name.
+    ledgered = set(ledgered_tools) | {e["tool"] for e in executions}
+    ledgered |= {e.get("tool") for e in _of_type(events, "effect") if e.get("tool")}
+
+    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for e in executions:
+        if e.get("session_id") is not None:  # a tool run outside any session answers no call
+            runs[_call_key(e["session_id"], e["turn_id"], e["tool_call_id"])].append(e)
+    intents: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for i in d.dispatches:
+        intents[_call_key(i["session_id"], i["turn_id"], i["tool_call_id"])].append(i)
+    # Originals only: a compaction clone repeats a result, it does not record a second one.
+    results: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in d.rows:
+        if row["role"] == "tool" and row["cloned_from"] is None:
+            results[_call_key(row["session_id"], row["turn_id"], row["tool_call_id"])].append(row)
+
+    violations: list[Violation] = []
+
+    def flag(message: str, key: tuple[str, str, str], **witness: Any) -> None:
+        violations.append(Violation(EFFECT_SEMANTICS, message, {
+            "session": key[0], "turn": key[1], "tool_call_id": key[2],
+            "executions": runs.get(key, []), "intents": intents.get(key, []), **witness}))
+
+    for key, done in runs.items():
+        policies = {e["policy"] for e in done} | {i["policy"] for i in intents.get(key, [])}
+        tool = done[0]["tool"]
+        if AT_MOST_ONCE in policies and len(done) > 1:
+            flag(f"at_most_once tool {tool} executed {len(done)} times for call {key[2]}", key)
+        keys = {e["idempotency_key"] for e in done}
+        if IDEMPOTENT in policies and len(done) > 1 and len(keys) > 1:
+            flag(f"idempotent tool {tool} reran for call {key[2]} under {len(keys)} different idempotency keys",
+                 key, idempotency_keys=sorted(map(str, keys)))
+        if len(done) > len(intents.get(key, [])):
+            flag(f"tool {tool} executed {len(done)} time(s) for call {key[2]} but was durably dispatched "
+                 f"{len(intents.get(key, []))} time(s)", key)
+
+    kinds: Counter[str] = Counter()
+    for key, rows in results.items():
+        for row in rows:
+            kind = _result_kind(row["content"])
+            kinds[kind] += 1
+            tool = row.get("name") or next((i["tool_name"] for i in intents.get(key, [])), None)
+            if kind == "unknown" and not intents.get(key):
+                flag(f"result of call {key[2]} says its outcome is unknown, but it was never dispatched", key,
+                     row=_brief(row))
+            elif kind == "success" and tool in ledgered and not runs.get(key):
+                flag(f"result of {tool} call {key[2]} claims success, but the tool never executed", key,
+                     row=_brief(row))
+
+    done_turns = {t["id"] for t in d.turns if t["state"] == "done"}
+    for key in intents:
+        if key[1] in done_turns and key not in results:
+            flag(f"call {key[2]} was dispatched in completed turn {key[1]} and its outcome was never recorded",
+                 key)
+
+    counts = {"executions": len(executions), "calls_executed": len(runs), "intents": len(d.dispatches),
+              "results": sum(kinds.values()), **{f"results_{k}": n for k, n in sorted(kinds.items())}}
+    return _verdict(EFFECT_SEMANTICS, violations, counts)
+
+
+def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation | None = None) -> Verdict:
+    """Every turn ended ('done' or 'failed', a recorded failure being an honest end); the
+    database holds exactly `expect.turns` turns; and no turn needed more than
+    `expect.max_restarts` resume spawns to get there.
+    """
+    d = _durable(db)
+    if d.error:
+        return _unreadable(TURN_LIVENESS, d)
+    violations = []
+    for turn in d.turns:
+        if turn["state"] not in ("done", "failed"):
+            violations.append(Violation(TURN_LIVENESS, f"turn {turn['id']} never ended: it is still {turn['state']}",
+                                        {"turn": _turn_brief(turn)}))
+    if expect is not None and len(d.turns) != expect.turns:
+        violations.append(Violation(TURN_LIVENESS, f"expected {expect.turns} turn(s), the database holds {len(d.turns)}",
+                                    {"turns": [_turn_brief(t) for t in d.turns]}))
+    limit = expect.max_restarts if expect is not None else DEFAULT_MAX_RESTARTS
+    resumes = [e for e in _of_type(events, "spawn") if e.get("command") == "resume"]
+    per_turn = Counter(e.get("turn_id") for e in resumes)
+    for turn_id, n in sorted(per_turn.items(), key=lambda item: str(item[0])):
+        if n > limit:
+            violations.append(Violation(TURN_LIVENESS, f"turn {turn_id} was resumed {n} times (limit {limit})",
+                                        {"turn_id": turn_id, "spawns": [e for e in resumes if e.get("turn_id") == turn_id]}))
+    states = Counter(t["state"] for t in d.turns)
+    return _verdict(TURN_LIVENESS, violations,
+                    {"turns": len(d.turns), **{f"turns_{s}": n for s, n in sorted(states.items())},
+                     "resumes": len(resumes), "max_resumes_per_turn": max(per_turn.values(), default=0)})
+
+
+def _turn_brief(turn: dict[str, Any]) -> dict[str, Any]:
+    text = turn.get("user_text")
+    return {"id": turn["id"], "session": turn["session_id"], "state": turn["state"],
+            "attempts": turn.get("attempts"), "error": turn.get("error"),
+            "user_text": text[:_QUOTE] if isinstance(text, str) else text}
+
+
+def answer_once(db: DB, expect: Expectation | None = None) -> Verdict:
+    """Each 'done' turn has exactly one final answer: one assistant row of that turn with
+    no tool calls and non-blank text, counting original rows only (a compaction clone
+    copies an answer, it does not give another). When `expect.final_answers` names a
+    non-empty text for the turn's position (turns ordered by creation), the answer is that text.
+    """
+    d = _durable(db)
+    if d.error:
+        return _unreadable(ANSWER_ONCE, d)
+    answers: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in d.rows:
+        if (row["role"] == "assistant" and row["cloned_from"] is None and not row.get("tool_calls")
+                and not is_blank_assistant(row)):
+            answers[row["turn_id"]].append(row)
+    expected = expect.final_answers if expect is not None else ()
+    violations = []
+    done = 0
+    for index, turn in enumerate(d.turns):
+        if turn["state"] != "done":
+            continue
+        done += 1
+        given = answers.get(turn["id"], [])
+        if len(given) != 1:
+            what = "no final answer" if not given else f"{len(given)} final answers"
+            violations.append(Violation(ANSWER_ONCE, f"completed turn {turn['id']} has {what}", {
+                "turn": _turn_brief(turn), "row_ids": [r["id"] for r in given],
+                "rows": [_brief(r) for r in given]}))
+        elif index < len(expected) and expected[index] and given[0]["content"] != expected[index]:
+            violations.append(Violation(ANSWER_ONCE, f"turn {turn['id']} answered something else than expected", {
+                "turn": _turn_brief(turn), "expected": expected[index], "row": _brief(given[0])}))
+    return _verdict(ANSWER_ONCE, violations, {"done_turns": done, "answers": sum(map(len, answers.values()))})
+
+
+def coverage(events: Sequence[dict[str, Any]], planned_kill: str | None) -> Verdict:
+    """When a kill was planned at "probe:n", the n-th hit of that probe was reported with
+    `kill` True. If it never was, the case tested nothing it meant to: the answer is
+    unknown ("planned kill never fired"), never a pass.
+    """
+    probes = _of_type(events, "probe")
+    counts = {"probe_hits": len(probes), "kills": sum(1 for e in probes if e.get("kill") is True)}
+    if planned_kill is None:
+        return Verdict(True, [], counts, COVERAGE)
+    try:
+        plan = KillPlan.parse(planned_kill)
+    except ValueError as exc:
+        return Verdict(UNKNOWN, [], counts, COVERAGE, message=f"planned kill never fired: {exc}")
+    fired = [e for e in probes if e.get("kill") is True and e.get("name") == plan.probe
+             and str(e.get("n")) == str(plan.occurrence)]  # n may have crossed JSON as a string
+    if fired:
+        return Verdict(True, [], counts, COVERAGE)
+    hits = [e.get("n") for e in probes if e.get("name") == plan.probe]
+    counts["planned_probe_hits"] = len(hits)
+    return Verdict(UNKNOWN, [], counts, COVERAGE,
+                   message=f"planned kill never fired: {plan.spec()} (that probe was hit {len(hits)} time(s))")
+
+
+# ------------------------------------------------------------------- entries
+def check_case(db_path: Path, ledger_path: Path | None, events: list[dict[str, Any]],
+               expect: Expectation | None = None, planned_kill: str | None = None) -> Verdict:
+    """Every invariant, in INVARIANTS order, on one finished case; composed as "case"."""
+    d = load_durable(Path(db_path))  # read once: every invariant judges the same final state
+    verdicts = [
+        durable_before_visible(events),
+        durable_before_effect(events),
+        no_lost_rows(d, events),
+        no_duplicate_rows(d),
+        well_formed(d),
+        effect_semantics(d, ledger_path, events),
+        turn_liveness(d, events, expect),
+        answer_once(d, expect),
+        sanitize_pure(d, events),
+        coverage(events, planned_kill),
+    ]
+    return compose(verdicts, name="case")
+
+
+def check_structure(db_path: Path, session_id: str | None = None) -> Verdict:
+    """The structural invariants (well-formed, no-duplicate-rows, answer-once of 'done'
+    turns) on any hermes database, with no history; composed as "structure".
+    """
+    names = (WELL_FORMED, NO_DUPLICATE_ROWS, ANSWER_ONCE)
+    d = load_durable(Path(db_path), session_id)
+    reason = None
+    if d.missing:
+        reason = f"no hermes database at {db_path}"
+    elif d.error is None and session_id is not None and session_id not in d.sessions:
+        reason = f"session {session_id!r} is not in {db_path}"
+    if reason is not None:  # nothing to judge is not the same as nothing wrong
+        return compose([Verdict(UNKNOWN, [], {}, n, message=reason) for n in names], name="structure")
+    return compose([well_formed(d), no_duplicate_rows(d), answer_once(d)], name="structure")

@@ -1,0 +1,168 @@
+"""`hermes-supervisor`: chaos campaigns and transcript checks.
+
+    hermes-supervisor chaos [--mode exhaustive|double|random|pause] [--scenario NAME ...] [--jobs N]
+                            [--shard I/N] [--seed S --runs N] [--report DIR] [--case ID] [--list-points]
+    hermes-supervisor check --db PATH [--session ID]
+
+Exit status: 0 pass, 1 violations (or a planned kill that never fired), 2 usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+from hermes.probes import POINTS
+from supervisor.campaign import MODES, Campaign, CampaignConfig, summarize
+from supervisor.checker import check_structure
+from supervisor.report import table, write_reports
+from supervisor.scenarios import SCENARIOS
+
+EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
+    if not 1 <= index <= count:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: I must be between 1 and N")
+    return index, count
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hermes-supervisor", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    chaos = commands.add_parser("chaos", help="kill workers at every boundary and check the transcript")
+    chaos.add_argument("--mode", choices=MODES, default="exhaustive")
+    chaos.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), default=None,
+                       help="repeatable; default: all")
+    chaos.add_argument("--jobs", type=_positive, default=2)
+    chaos.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N")
+    chaos.add_argument("--seed", type=int, default=0)
+    chaos.add_argument("--runs", type=_positive, default=50)
+    chaos.add_argument("--kill-mode", choices=("self", "external", "both"), default="self")
+    chaos.add_argument("--limit", type=_positive, default=None, help="run at most this many derived cases")
+    chaos.add_argument("--case", action="append", default=None, metavar="ID", help="rerun exactly this case")
+    chaos.add_argument("--report", type=Path, default=None, metavar="DIR")
+    chaos.add_argument("--workdir", type=Path, default=None, help="keep case directories here")
+    chaos.add_argument("--history", type=Path, default=None, help="stream the history to this JSONL file")
+    chaos.add_argument("--list-points", action="store_true", help="print the kill points and exit")
+    check = commands.add_parser("check", help="check the structural invariants of a database")
+    check.add_argument("--db", type=Path, required=True)
+    check.add_argument("--session", default=None)
+    return parser
+
+
+def _progress_printer() -> tuple[callable, callable]:  # type: ignore[valid-type]
+    tty = sys.stdout.isatty()
+    lock = threading.Lock()
+    done = [0]
+    started = time.monotonic()
+
+    def progress(line: str) -> None:
+        with lock:
+            done[0] += 1
+            if tty:
+                sys.stdout.write(f"\r\033[K[{done[0]} | {time.monotonic() - started:.0f}s] {line[:100]}")
+            else:
+                sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    def finish() -> None:
+        if tty:
+            sys.stdout.write("\n")
+
+    return progress, finish
+
+
+def run_chaos(args: argparse.Namespace) -> int:
+    if args.list_points:
+        print("\n".join(POINTS))
+        return EXIT_OK
+    if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
+        raise UsageError(f"--workdir {args.workdir} exists and is not a directory")
+    scenarios = args.scenario or sorted(SCENARIOS)
+    kill_modes = ("self", "external") if args.kill_mode == "both" else (args.kill_mode,)
+    config = CampaignConfig(scenarios=scenarios, mode=args.mode, seed=args.seed, runs=args.runs, jobs=args.jobs,
+                            shard=args.shard, kill_modes=kill_modes, workdir=args.workdir,
+                            keep=args.workdir is not None, limit=args.limit, case_ids=tuple(args.case or ()))
+    try:
+        for case_id in config.case_ids:
+            from supervisor.campaign import Case
+            Case.parse(case_id)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    progress, finish = _progress_printer()
+    started = time.monotonic()
+    campaign = Campaign(config, progress=progress, history_path=args.history)
+    results = campaign.run()
+    finish()
+    wall = time.monotonic() - started
+    summary = summarize(results)
+    # A run of every scenario must reach every kill point: an unreached one means a dead probe.
+    all_scenarios = set(scenarios) == set(SCENARIOS) and not config.case_ids and config.mode == "exhaustive"
+    unreached = [p for p in POINTS if p not in summary["reached"]] if all_scenarios else []
+    summary.update(wall_seconds=round(wall, 2), cycles_per_second=round(len(results) / wall, 2) if wall else None,
+                   unreached=unreached, ok=summary["ok"] and not unreached)
+    print(table(summary))
+    if unreached:
+        print(f"kill points never reached by any scenario: {', '.join(unreached)}")
+    print(f"wall {wall:.1f}s, {summary['cycles_per_second']} cases/s")
+    if args.report is not None:
+        write_reports(args.report, summary, results)
+        print(f"report: {args.report / 'report.json'}")
+    return EXIT_OK if summary["ok"] else EXIT_VIOLATIONS
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from hermes.state import StorageError
+
+    if not args.db.exists():
+        raise UsageError(f"--db {args.db} does not exist")
+    try:
+        verdict = check_structure(args.db, args.session)
+    except StorageError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(verdict.to_json(), indent=2, ensure_ascii=False))
+    return EXIT_OK if verdict.valid is True else EXIT_VIOLATIONS
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "chaos":
+            return run_chaos(args)
+        return run_check(args)
+    except UsageError as exc:
+        print(f"hermes-supervisor: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("hermes-supervisor: interrupted", file=sys.stderr)
+        return 130

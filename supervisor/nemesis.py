@@ -1,0 +1,75 @@
+"""Faults the supervisor injects, and their names.
+
+A fault targets one worker process of a case: the `process`-th process (0-based)
+started for turn `turn` of the scenario. Kinds:
+
+    probe   SIGKILL at the n-th hit of a probe; mode `self` (the worker kills itself)
+            or `external` (the worker reports and waits; the supervisor kills it by pid)
+    timer   SIGKILL from the supervisor `delay_ms` after the process started
+    pause   SIGSTOP at a probe, let a fresh worker take the session over, then SIGCONT:
+            the old worker must fail its next write on the fencing epoch
+
+`then` is a second fault for the first recovery process (double kills). A fault
+prints as a stable label, and the label parses back, so a case can be rerun from it.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+FAULT_KINDS = ("probe", "timer", "pause")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    turn: int = 0
+    process: int = 0
+    probe: str | None = None
+    n: int = 1
+    mode: str = "self"
+    delay_ms: int = 0
+    then: "Fault | None" = None
+
+    @property
+    def point(self) -> str | None:
+        return f"{self.probe}:{self.n}" if self.probe else None
+
+    def label(self) -> str:
+        where = f"t{self.turn}p{self.process}"
+        if self.kind == "timer":
+            text = f"timer@{self.delay_ms}ms@{where}"
+        else:
+            text = f"{self.kind}:{self.mode}@{self.probe}:{self.n}@{where}"
+        return text + (f"+{self.then.label()}" if self.then else "")
+
+    @classmethod
+    def parse(cls, label: str) -> "Fault":
+        first, plus, rest = label.partition("+")
+        then = cls.parse(rest) if plus else None
+        try:
+            head, point_or_delay, where = first.split("@")
+            turn_text, process_text = where[1:].split("p")
+            turn, process = int(turn_text), int(process_text)
+            if head == "timer":
+                return cls("timer", turn, process, delay_ms=int(point_or_delay.removesuffix("ms")), then=then)
+            kind, mode = head.split(":")
+            probe, n = point_or_delay.rsplit(":", 1)
+            if kind not in FAULT_KINDS:
+                raise ValueError(kind)
+            return cls(kind, turn, process, probe=probe, n=int(n), mode=mode, then=then)
+        except ValueError:
+            raise ValueError(f"{label!r} is not a fault label (e.g. probe:self@flush.committed:2@t0p0)") from None
+
+    def worker_args(self) -> list[str]:
+        """Arguments for the targeted worker (timer faults need none: the supervisor fires them)."""
+        if self.kind == "timer":
+            return []
+        mode = "pause" if self.kind == "pause" else self.mode
+        return ["--kill-at", f"{self.probe}:{self.n}", "--kill-mode", mode]
+
+
+def timer_delays(seed: int, count: int, low_ms: int = 5, high_ms: int = 600) -> list[int]:
+    """Seeded kill delays, so a random campaign is reproducible from its seed."""
+    rng = random.Random(seed)
+    return [rng.randint(low_ms, high_ms) for _ in range(count)]

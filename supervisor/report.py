@@ -1,0 +1,74 @@
+"""Campaign reports: the table printed at the end, report.json, junit.xml and report.md."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from supervisor.campaign import CaseResult, write_json
+
+
+def table(summary: dict[str, Any]) -> str:
+    """Kill point x cases x violations, then the totals and every violation's repro."""
+    rows = [("kill point", "hit", "cases", "violations")]
+    for name, entry in summary["points"].items():
+        hit = "yes" if entry["hit"] else ("-" if not entry["cases"] else "NO")
+        rows.append((name, hit, str(entry["cases"]), str(entry["violations"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(f"cases {summary['cases']}, kills {summary['kills']}, violations {len(summary['violations'])}, "
+                 f"unfired {len(summary['unfired'])}, verdict {'PASS' if summary['ok'] else 'FAIL'}")
+    for v in summary["violations"]:
+        lines.append(f"  {v['invariant']}: {v['case']}: {v['message']}\n    repro: {v['repro']}")
+    for case_id in summary["unfired"]:
+        lines.append(f"  planned kill never fired: {case_id}")
+    return "\n".join(lines)
+
+
+def _private_file(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def junit(results: list[CaseResult]) -> str:
+    failures = sum(1 for r in results if r.verdict.valid is False)
+    errors = sum(1 for r in results if r.verdict.valid not in (True, False))
+    cases = []
+    for r in results:
+        body = ""
+        if r.verdict.valid is False:
+            text = "\n".join(f"{v.invariant}: {v.message}" for v in r.verdict.violations)
+            body = f'<failure message={quoteattr(text[:200])}>{escape(text)}\nrepro: {escape(r.case.repro())}</failure>'
+        elif r.verdict.valid is not True:
+            body = f'<error message="unknown verdict">{escape(r.case.repro())}</error>'
+        cases.append(f'  <testcase classname={quoteattr(r.case.scenario)} name={quoteattr(r.case.case_id)} '
+                     f'time="{r.seconds:.3f}">{body}</testcase>')
+    return ('<?xml version="1.0" encoding="utf-8"?>\n'
+            f'<testsuite name="hermes-chaos" tests="{len(results)}" failures="{failures}" errors="{errors}">\n'
+            + "\n".join(cases) + "\n</testsuite>\n")
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = ["# Chaos campaign", "", f"Verdict: **{'PASS' if summary['ok'] else 'FAIL'}**, "
+             f"{summary['cases']} cases, {summary['kills']} kills, {len(summary['violations'])} violations.", "",
+             "| kill point | hit | cases | violations |", "| --- | --- | --- | --- |"]
+    for name, e in summary["points"].items():
+        lines.append(f"| `{name}` | {'yes' if e['hit'] else ('-' if not e['cases'] else 'NO')} | {e['cases']} | "
+                     f"{e['violations']} |")
+    if summary["violations"]:
+        lines += ["", "## Violations", ""]
+        for v in summary["violations"]:
+            lines.append(f"- **{v['invariant']}** in `{v['case']}`: {v['message']}  \n  repro: `{v['repro']}`")
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(directory: Path, summary: dict[str, Any], results: list[CaseResult]) -> None:
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_json(directory / "report.json", dict(summary, results=[r.to_json() for r in results]))
+    _private_file(directory / "junit.xml", junit(results))
+    _private_file(directory / "report.md", markdown(summary))

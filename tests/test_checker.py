@@ -1,0 +1,706 @@
+"""The checker against real state databases and ledgers, and the history it reads.
+
+Each invariant is shown holding on a clean case and failing, under its own name and
+with a witness, on a state broken on purpose. Breakages the runtime itself would
+never produce are made with raw SQL, the way a buggy writer would make them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from hermes.resume import UNKNOWN_OUTCOME
+from hermes.state import SessionDB
+from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, ToolRegistry, tool_error
+from supervisor import checker
+from supervisor.checker import (CHAOS_TOOLS, INVARIANTS, UNKNOWN, Expectation, Verdict, Violation, answer_once,
+                                check_case, check_structure, compose, coverage, durable_before_effect,
+                                durable_before_visible, effect_semantics, no_duplicate_rows, no_lost_rows,
+                                sanitize_pure, turn_liveness, well_formed)
+from supervisor.history import CaseHistory, HistoryWriter, read_history, snapshot_rows
+from worker import chaos_tools
+from worker.ledger import Ledger
+
+SID = "s-check"
+
+
+def call(call_id: str, name: str = "lookup", arguments: str = '{"key": "k"}') -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+class Scenario:
+    """One session in a real state.db plus its effects ledger, written the way a worker writes them."""
+
+    def __init__(self, root: Path) -> None:
+        self.db_path = root / "state.db"
+        self.ledger_path = root / "state.db.effects"
+        # NORMAL: no fsync per commit. These tests are about what was written, not power loss,
+        # and a fsync per flush would make them wait on the disk.
+        self.db = SessionDB(self.db_path, synchronous="NORMAL")
+        self.ledger = Ledger(self.ledger_path, incarnation=1)
+        self.db.create_session(SID)
+
+    def close(self) -> None:
+        self.db.close()
+        self.ledger.close()
+
+    # -- writing, one transaction per call, like the runtime's flushes
+    def user(self, turn: str, text: str) -> int:
+        return self.db.write_pending(SID, [{"role": "user", "content": text, "_turn_id": turn}],
+                                     start_turn=turn)[0][0]
+
+    def assistant(self, turn: str, content: str | None = None, calls: tuple[dict[str, Any], ...] = ()) -> int:
+        message: dict[str, Any] = {"role": "assistant", "content": content, "_turn_id": turn}
+        if calls:
+            message["tool_calls"] = list(calls)
+        return self.db.write_pending(SID, [message])[0][0]
+
+    def dispatch(self, turn: str, c: dict[str, Any], policy: str) -> None:
+        self.db.record_dispatches(SID, turn, [{"tool_call_id": c["id"], "tool_name": c["function"]["name"],
+                                               "policy": policy, "idempotency_key": f"{SID}:{turn}:{c['id']}"}])
+
+    def execute(self, turn: str, c: dict[str, Any], policy: str, key: str | None = None) -> None:
+        self.ledger.record_execution(session_id=SID, turn_id=turn, tool_call_id=c["id"], tool=c["function"]["name"],
+                                     policy=policy, idempotency_key=key or f"{SID}:{turn}:{c['id']}")
+
+    def result(self, turn: str, c: dict[str, Any], content: str) -> int:
+        return self.db.write_pending(SID, [{"role": "tool", "name": c["function"]["name"], "tool_call_id": c["id"],
+                                            "content": content, "_turn_id": turn}])[0][0]
+
+    def tool(self, turn: str, c: dict[str, Any], policy: str, content: str) -> int:
+        """The normal path: intent, execution, result."""
+        self.dispatch(turn, c, policy)
+        self.execute(turn, c, policy)
+        return self.result(turn, c, content)
+
+    def finish(self, turn: str, state: str = "done") -> None:
+        self.db.finish_turn(turn, state)
+
+    # -- observing and breaking
+    def snapshot(self, t: float = 1.0) -> dict[str, Any]:
+        rows = snapshot_rows(self.db_path)
+        return {"t": t, "case": "c", "type": "snapshot", "after": "exit",
+                "rows": {str(k): v for k, v in rows.items()}}
+
+    def raw(self, sql: str, *params: Any) -> None:
+        """A write that bypasses SessionDB: what a buggy writer would do."""
+        conn = sqlite3.connect(self.db_path, isolation_level=None)
+        try:
+            conn.execute(sql, params)
+        finally:
+            conn.close()
+
+    def check(self, events: list[dict[str, Any]] | None = None, **kwargs: Any) -> Verdict:
+        return check_case(self.db_path, self.ledger_path, events or [], **kwargs)
+
+
+LOOKUP = call("c-look", "lookup")
+NOTE = call("c-note", "append_note", '{"text": "hello"}')
+
+
+def build_clean(s: Scenario) -> dict[str, int]:
+    """Two completed turns: one with an idempotent and an at_most_once tool, one plain."""
+    ids = {"u1": s.user("t1", "look k up and note it")}
+    ids["a1"] = s.assistant("t1", "Checking.", (LOOKUP, NOTE))
+    ids["r-look"] = s.tool("t1", LOOKUP, IDEMPOTENT, json.dumps({"key": "k", "value": "value-of-k"}))
+    ids["r-note"] = s.tool("t1", NOTE, AT_MOST_ONCE, json.dumps({"appended": "hello"}))
+    ids["ans1"] = s.assistant("t1", "Noted.")
+    s.finish("t1")
+    ids["u2"] = s.user("t2", "thanks")
+    ids["ans2"] = s.assistant("t2", "You are welcome.")
+    s.finish("t2")
+    return ids
+
+
+EXPECT = Expectation(turns=2, final_answers=("Noted.", "You are welcome."))
+
+
+def clean_events(s: Scenario, ids: dict[str, int]) -> list[dict[str, Any]]:
+    """A plausible history of the clean case: a kill at a probe, a resume, and what was seen."""
+    base = {"case": "c", "incarnation": 1}
+    return [
+        {**base, "t": 0.0, "type": "spawn", "pid": 10, "command": "run", "turn_id": "t1", "kill_at": "flush.committed:2"},
+        {**base, "t": 0.1, "type": "probe", "name": "flush.committed", "n": 1, "ctx": {}, "kill": False},
+        {**base, "t": 0.2, "type": "effect", "tool": "lookup", "policy": IDEMPOTENT, "tool_call_id": "c-look",
+         "turn": "t1", "idempotency_key": f"{SID}:t1:c-look", "request_durable": True, "intent_durable": True},
+        {**base, "t": 0.3, "type": "ui", "kind": "tool_complete", "turn": "t1", "tool_call_id": "c-look",
+         "durable": True, "witness": {"row_id": ids["r-look"]}},
+        {**base, "t": 0.4, "type": "probe", "name": "flush.committed", "n": 2, "ctx": {}, "kill": True},
+        {**base, "t": 0.5, "type": "kill", "pid": 10, "signal": 9, "by": "self", "probe": "flush.committed:2"},
+        {**base, "t": 0.6, "type": "exit", "pid": 10, "returncode": None, "signal": 9},
+        s.snapshot(0.7),
+        {"case": "c", "incarnation": 2, "t": 0.8, "type": "spawn", "pid": 11, "command": "resume", "turn_id": "t1"},
+    ]
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Iterator[Scenario]:
+    s = Scenario(tmp_path)
+    yield s
+    s.close()
+
+
+def failing(verdict: Verdict, invariant: str) -> Violation:
+    """The verdict is False, every violation names `invariant`, each carries a witness."""
+    assert verdict.valid is False, verdict.to_json()
+    assert verdict.violations
+    assert {v.invariant for v in verdict.violations} == {invariant}
+    assert all(v.witness for v in verdict.violations)
+    return verdict.violations[0]
+
+
+def holds(verdict: Verdict) -> None:
+    assert verdict.valid is True, verdict.to_json()
+    assert verdict.violations == []
+
+
+# ===================================================================== compose
+def test_compose_false_beats_unknown_beats_true() -> None:
+    yes = Verdict(True, [], {"rows": 3}, "a")
+    maybe = Verdict(UNKNOWN, [], {}, "b", message="ledger missing")
+    no = Verdict(False, [Violation("c", "broken", {"row_id": 1})], {"rows": 1}, "c")
+    assert compose([yes, yes]).valid is True
+    assert compose([yes, maybe]).valid == UNKNOWN
+    assert compose([maybe, no, yes]).valid is False
+    assert compose([]).valid is True
+    merged = compose([yes, maybe, no], name="case")
+    assert merged.name == "case"
+    assert merged.counts == {"a.rows": 3, "c.rows": 1}
+    assert [v.invariant for v in merged.violations] == ["c"]
+    assert "b: ledger missing" in merged.message
+    assert [p.name for p in merged.parts] == ["a", "b", "c"]
+    json.dumps(merged.to_json())  # a report can write it as is
+
+
+def test_compose_refuses_a_verdict_that_is_neither_true_false_nor_unknown() -> None:
+    with pytest.raises(ValueError):
+        compose([Verdict("maybe", [], {}, "x")])
+
+
+# ================================================================== whole case
+def test_clean_case_passes_every_invariant(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    verdict = scenario.check(clean_events(scenario, ids), expect=EXPECT, planned_kill="flush.committed:2")
+    holds(verdict)
+    assert [p.name for p in verdict.parts] == list(INVARIANTS)
+    assert verdict.counts["no-lost-rows.rows_seen"] == len(ids)
+    assert verdict.counts["effect-semantics.executions"] == 2
+
+
+def test_check_structure_on_a_clean_database(scenario: Scenario) -> None:
+    build_clean(scenario)
+    verdict = check_structure(scenario.db_path)
+    holds(verdict)
+    assert [p.name for p in verdict.parts] == ["well-formed", "no-duplicate-rows", "answer-once"]
+    holds(check_structure(scenario.db_path, SID))
+
+
+def test_check_structure_has_nothing_to_judge_without_a_database_or_session(scenario: Scenario,
+                                                                            tmp_path: Path) -> None:
+    build_clean(scenario)
+    assert check_structure(tmp_path / "nowhere.db").valid == UNKNOWN
+    assert check_structure(scenario.db_path, "no-such-session").valid == UNKNOWN
+
+
+def test_check_case_names_the_broken_invariant(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    events = clean_events(scenario, ids)  # its snapshot saw the answer as written
+    scenario.raw("UPDATE messages SET content = 'Something else.' WHERE id = ?", ids["ans2"])
+    verdict = scenario.check(events, expect=EXPECT, planned_kill="flush.committed:2")
+    assert verdict.valid is False
+    assert {v.invariant for v in verdict.violations} == {"sanitize-pure", "answer-once"}
+
+
+# ====================================================== durable-before-visible
+def test_durable_before_visible_holds_when_every_projection_was_durable(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    verdict = durable_before_visible(clean_events(scenario, ids))
+    holds(verdict)
+    assert verdict.counts["ui"] == 1
+
+
+def test_durable_before_visible_fails_on_a_projection_shown_before_commit() -> None:
+    early = {"t": 0.3, "case": "c", "type": "ui", "kind": "interim", "turn": "t1", "text": "Checking.",
+             "durable": False, "witness": {}}
+    violation = failing(durable_before_visible([early]), "durable-before-visible")
+    assert violation.witness["event"] is early
+
+
+def test_durable_before_visible_is_unknown_when_durability_was_not_observed() -> None:
+    verdict = durable_before_visible([{"t": 0, "type": "ui", "kind": "interim"}])
+    assert verdict.valid == UNKNOWN and verdict.message
+
+
+# ======================================================= durable-before-effect
+def test_durable_before_effect_holds_when_request_and_intent_were_durable(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    holds(durable_before_effect(clean_events(scenario, ids)))
+
+
+def test_durable_before_effect_fails_on_an_effect_before_its_request_was_durable() -> None:
+    effect = {"t": 0.2, "type": "effect", "tool": "append_note", "policy": AT_MOST_ONCE, "tool_call_id": "c-note",
+              "turn": "t1", "request_durable": False, "intent_durable": True}
+    violation = failing(durable_before_effect([effect]), "durable-before-effect")
+    assert violation.witness["event"] is effect
+    assert "request" in violation.message
+
+
+# ================================================================ no-lost-rows
+def test_no_lost_rows_holds_across_compaction(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    before = scenario.snapshot()
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+    holds(no_lost_rows(scenario.db_path, [before]))
+
+
+def test_no_lost_rows_fails_when_an_observed_row_disappears(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    before = scenario.snapshot()
+    scenario.raw("DELETE FROM messages WHERE id = ?", ids["ans2"])
+    violation = failing(no_lost_rows(scenario.db_path, [before]), "no-lost-rows")
+    assert violation.witness["row_id"] == ids["ans2"]
+    assert violation.witness["row"]["role"] == "assistant"
+
+
+def test_no_lost_rows_counts_rows_a_ui_witness_named(scenario: Scenario) -> None:
+    build_clean(scenario)
+    shown = {"t": 0.1, "type": "ui", "kind": "interim", "durable": True, "witness": {"row_ids": [1, 999]}}
+    assert failing(no_lost_rows(scenario.db_path, [shown]), "no-lost-rows").witness["row_id"] == 999
+    ran = {"t": 0.2, "type": "effect", "request_durable": True, "intent_durable": True,
+           "witness": {"assistant_row_ids": [998], "intent_attempts": [1]}}
+    assert failing(no_lost_rows(scenario.db_path, [ran]), "no-lost-rows").witness["row_id"] == 998
+
+
+# =========================================================== no-duplicate-rows
+def test_no_duplicate_rows_holds_on_a_clean_and_a_compacted_transcript(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    holds(no_duplicate_rows(scenario.db_path))
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["u1"])
+    holds(no_duplicate_rows(scenario.db_path))
+
+
+def test_no_duplicate_rows_fails_on_a_second_result_for_one_call(scenario: Scenario) -> None:
+    scenario.user("t1", "look it up")
+    scenario.assistant("t1", None, (LOOKUP,))
+    first = scenario.tool("t1", LOOKUP, IDEMPOTENT, '{"value": 1}')
+    second = scenario.result("t1", LOOKUP, '{"value": 1}')
+    violation = failing(no_duplicate_rows(scenario.db_path), "no-duplicate-rows")
+    assert violation.witness["row_ids"] == [first, second]
+
+
+def test_no_duplicate_rows_fails_on_a_second_copy_of_an_assistant_row(scenario: Scenario) -> None:
+    scenario.user("t1", "hi")
+    a = scenario.assistant("t1", "Hello.")
+    b = scenario.assistant("t1", "Hello.")
+    assert failing(no_duplicate_rows(scenario.db_path), "no-duplicate-rows").witness["row_ids"] == [a, b]
+
+
+# ================================================================= well-formed
+def test_well_formed_holds_on_clean_and_compacted_transcripts(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    holds(well_formed(scenario.db_path))
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+    holds(well_formed(scenario.db_path))
+
+
+def test_well_formed_leaves_a_running_turn_alone(scenario: Scenario) -> None:
+    build_clean(scenario)
+    scenario.user("t3", "one more")
+    scenario.assistant("t3", None, (call("c-late"),))  # killed mid-block: legal while running
+    verdict = well_formed(scenario.db_path)
+    holds(verdict)
+    assert verdict.counts["rows_of_running_turns"] == 2
+
+
+def _single_turn(s: Scenario) -> None:
+    s.user("t1", "go")
+
+
+def test_well_formed_fails_on_a_dangling_tool_call(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    a = scenario.assistant("t1", None, (LOOKUP, NOTE))
+    scenario.tool("t1", LOOKUP, IDEMPOTENT, "{}")
+    scenario.assistant("t1", "Done.")
+    scenario.finish("t1")
+    violation = failing(well_formed(scenario.db_path), "well-formed")
+    assert violation.witness["dangling"] == ["c-note"]
+    assert violation.witness["row_ids"] == [a]
+
+
+def test_well_formed_fails_on_an_orphan_result(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (LOOKUP,))
+    scenario.tool("t1", LOOKUP, IDEMPOTENT, "{}")
+    orphan = scenario.result("t1", call("c-nobody"), "{}")
+    scenario.assistant("t1", "Done.")
+    scenario.finish("t1")
+    violation = failing(well_formed(scenario.db_path), "well-formed")
+    assert "orphan" in violation.message and orphan in violation.witness["row_ids"]
+
+
+def test_well_formed_fails_on_a_result_outside_any_block(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    orphan = scenario.result("t1", LOOKUP, "{}")
+    scenario.assistant("t1", "Done.")
+    scenario.finish("t1")
+    assert failing(well_formed(scenario.db_path), "well-formed").witness["row_ids"] == [orphan]
+
+
+def test_well_formed_fails_on_a_blank_assistant_row(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    blank = scenario.assistant("t1", "   ")
+    scenario.finish("t1")
+    violation = failing(well_formed(scenario.db_path), "well-formed")
+    assert "blank" in violation.message and violation.witness["row_ids"] == [blank]
+
+
+def test_well_formed_fails_on_two_results_in_one_block(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (LOOKUP,))
+    scenario.tool("t1", LOOKUP, IDEMPOTENT, '{"v": 1}')
+    again = scenario.result("t1", LOOKUP, '{"v": 2}')
+    scenario.assistant("t1", "Done.")
+    scenario.finish("t1")
+    violation = failing(well_formed(scenario.db_path), "well-formed")
+    assert "more than one result" in violation.message and again in violation.witness["row_ids"]
+
+
+def test_well_formed_fails_on_an_answer_followed_by_an_assistant_row(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    first = scenario.assistant("t1", "First.")
+    second = scenario.assistant("t1", "Second.")
+    scenario.finish("t1")
+    violation = failing(well_formed(scenario.db_path), "well-formed")
+    assert violation.witness["row_ids"] == [first, second]
+
+
+def test_well_formed_fails_when_the_transcript_does_not_start_with_a_user_row(scenario: Scenario) -> None:
+    scenario.db.write_pending(SID, [{"role": "assistant", "content": "Hi.", "_turn_id": "t1"}], start_turn="t1")
+    scenario.finish("t1")
+    assert "starts with" in failing(well_formed(scenario.db_path), "well-formed").message
+
+
+def test_well_formed_fails_on_an_unreadable_database(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    failing(well_formed(junk), "well-formed")
+    assert no_duplicate_rows(junk).valid == UNKNOWN  # others cannot tell
+
+
+# ============================================================ effect-semantics
+def test_effect_semantics_holds_on_the_clean_case(scenario: Scenario) -> None:
+    build_clean(scenario)
+    verdict = effect_semantics(scenario.db_path, scenario.ledger_path)
+    holds(verdict)
+    assert verdict.counts["results_success"] == 2
+
+
+def test_effect_semantics_fails_when_an_at_most_once_call_ran_twice(scenario: Scenario) -> None:
+    build_clean(scenario)
+    scenario.dispatch("t1", NOTE, AT_MOST_ONCE)  # even re-dispatched, it must not run again
+    scenario.execute("t1", NOTE, AT_MOST_ONCE)
+    violation = failing(effect_semantics(scenario.db_path, scenario.ledger_path), "effect-semantics")
+    assert violation.witness["tool_call_id"] == "c-note"
+    assert len(violation.witness["executions"]) == 2
+
+
+def test_effect_semantics_allows_an_idempotent_rerun_under_the_same_key_only(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (LOOKUP,))
+    scenario.dispatch("t1", LOOKUP, IDEMPOTENT)
+    scenario.execute("t1", LOOKUP, IDEMPOTENT)
+    # killed here; recovery reruns it: attempt 2, same key
+    scenario.tool("t1", LOOKUP, IDEMPOTENT, '{"value": 1}')
+    scenario.assistant("t1", "Done.")
+    scenario.finish("t1")
+    holds(effect_semantics(scenario.db_path, scenario.ledger_path))
+
+    scenario.dispatch("t1", LOOKUP, IDEMPOTENT)
+    scenario.execute("t1", LOOKUP, IDEMPOTENT, key="a-different-key")
+    violation = failing(effect_semantics(scenario.db_path, scenario.ledger_path), "effect-semantics")
+    assert len(violation.witness["idempotency_keys"]) == 2
+
+
+def test_effect_semantics_fails_on_an_execution_without_a_dispatch_intent(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (LOOKUP,))
+    scenario.execute("t1", LOOKUP, IDEMPOTENT)
+    scenario.result("t1", LOOKUP, '{"value": 1}')
+    scenario.assistant("t1", "Done.")
+    scenario.finish("t1")
+    assert "dispatched 0 time" in failing(effect_semantics(scenario.db_path, scenario.ledger_path),
+                                          "effect-semantics").message
+
+
+def test_effect_semantics_fails_on_a_success_no_execution_backs(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (NOTE,))
+    row = scenario.result("t1", NOTE, '{"appended": "hello"}')  # faked: never ran
+    scenario.assistant("t1", "Done.")
+    scenario.finish("t1")
+    violation = failing(effect_semantics(scenario.db_path, scenario.ledger_path), "effect-semantics")
+    assert violation.witness["row"]["id"] == row
+
+
+def test_effect_semantics_accepts_a_refused_call_that_never_ran(scenario: Scenario) -> None:
+    bad = call("c-bad", "append_note", "{not json")
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (bad,))
+    scenario.result("t1", bad, tool_error("the arguments are not valid JSON; the tool was not run."))
+    scenario.assistant("t1", "Sorry.")
+    scenario.finish("t1")
+    holds(effect_semantics(scenario.db_path, scenario.ledger_path))
+
+
+def test_effect_semantics_accepts_an_unknown_outcome_behind_an_intent(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (NOTE,))
+    scenario.dispatch("t1", NOTE, AT_MOST_ONCE)
+    scenario.execute("t1", NOTE, AT_MOST_ONCE)
+    # killed before the result was saved; recovery records the truth
+    scenario.result("t1", NOTE, UNKNOWN_OUTCOME)
+    scenario.assistant("t1", "I could not confirm the note was added.")
+    scenario.finish("t1")
+    verdict = effect_semantics(scenario.db_path, scenario.ledger_path)
+    holds(verdict)
+    assert verdict.counts["results_unknown"] == 1
+
+
+def test_effect_semantics_fails_on_an_unknown_outcome_nothing_dispatched(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (NOTE,))
+    scenario.result("t1", NOTE, UNKNOWN_OUTCOME)
+    scenario.assistant("t1", "Unsure.")
+    scenario.finish("t1")
+    assert "never dispatched" in failing(effect_semantics(scenario.db_path, scenario.ledger_path),
+                                         "effect-semantics").message
+
+
+def test_effect_semantics_fails_when_a_completed_turn_dropped_a_dispatched_call(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (NOTE,))
+    scenario.dispatch("t1", NOTE, AT_MOST_ONCE)
+    scenario.execute("t1", NOTE, AT_MOST_ONCE)
+    scenario.raw("UPDATE turns SET state = 'done' WHERE id = 't1'")
+    violation = failing(effect_semantics(scenario.db_path, scenario.ledger_path), "effect-semantics")
+    assert "never recorded" in violation.message and violation.witness["intents"]
+
+
+def test_effect_semantics_is_unknown_without_a_ledger(scenario: Scenario, tmp_path: Path) -> None:
+    build_clean(scenario)
+    verdict = effect_semantics(scenario.db_path, tmp_path / "no-ledger")
+    assert verdict.valid == UNKNOWN and "ledger" in verdict.message
+    assert effect_semantics(scenario.db_path, None).valid == UNKNOWN
+
+
+def test_chaos_tool_names_match_the_chaos_toolset(scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Install into a private registry, so the process-wide one keeps whatever other tests put there.
+    private = ToolRegistry()
+    monkeypatch.setattr(chaos_tools, "registry", private)
+    chaos_tools.install(scenario.ledger)
+    assert {t.name for t in private.tools_in([chaos_tools.TOOLSET])} == CHAOS_TOOLS
+
+
+# =============================================================== turn-liveness
+def test_turn_liveness_holds_when_every_turn_ended(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    verdict = turn_liveness(scenario.db_path, clean_events(scenario, ids), EXPECT)
+    holds(verdict)
+    assert verdict.counts["turns_done"] == 2
+
+
+def test_turn_liveness_accepts_a_recorded_failure(scenario: Scenario) -> None:
+    scenario.user("t1", "go")
+    scenario.finish("t1", "failed")
+    holds(turn_liveness(scenario.db_path, [], Expectation(turns=1)))
+
+
+def test_turn_liveness_fails_on_a_turn_left_running(scenario: Scenario) -> None:
+    build_clean(scenario)
+    scenario.user("t3", "and now?")
+    violation = failing(turn_liveness(scenario.db_path, [], Expectation(turns=3)), "turn-liveness")
+    assert violation.witness["turn"]["id"] == "t3" and violation.witness["turn"]["state"] == "running"
+
+
+def test_turn_liveness_fails_on_a_missing_turn(scenario: Scenario) -> None:
+    build_clean(scenario)
+    assert "expected 3" in failing(turn_liveness(scenario.db_path, [], Expectation(turns=3)),
+                                   "turn-liveness").message
+
+
+def test_turn_liveness_fails_on_too_many_restarts(scenario: Scenario) -> None:
+    build_clean(scenario)
+    resumes = [{"t": n, "type": "spawn", "command": "resume", "turn_id": "t1", "incarnation": n + 2}
+               for n in range(3)]
+    violation = failing(turn_liveness(scenario.db_path, resumes, Expectation(turns=2, max_restarts=2)),
+                        "turn-liveness")
+    assert len(violation.witness["spawns"]) == 3
+
+
+# ================================================================= answer-once
+def test_answer_once_holds_and_ignores_compaction_clones(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    # Clone turn 2 (its answer included) after a summary: the clone is a copy, not an answer.
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+    verdict = answer_once(scenario.db_path, EXPECT)
+    holds(verdict)
+    assert verdict.counts["done_turns"] == 2
+
+
+def test_answer_once_fails_on_two_final_answers(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    first = scenario.assistant("t1", "Yes.")
+    second = scenario.assistant("t1", "Yes, really.")
+    scenario.finish("t1")
+    violation = failing(answer_once(scenario.db_path), "answer-once")
+    assert violation.witness["row_ids"] == [first, second]
+
+
+def test_answer_once_fails_on_a_completed_turn_without_answer(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.finish("t1")
+    assert "no final answer" in failing(answer_once(scenario.db_path), "answer-once").message
+
+
+def test_answer_once_fails_on_an_unexpected_answer(scenario: Scenario) -> None:
+    build_clean(scenario)
+    expect = Expectation(turns=2, final_answers=("", "Goodbye."))  # "" = turn 1 not checked
+    violation = failing(answer_once(scenario.db_path, expect), "answer-once")
+    assert violation.witness["expected"] == "Goodbye." and violation.witness["turn"]["id"] == "t2"
+
+
+# =============================================================== sanitize-pure
+def test_sanitize_pure_allows_compaction_and_the_blank_row_repair(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    blank = scenario.assistant("t1", None)
+    first = scenario.snapshot(1.0)
+    # the documented repair: the answer fills the blank row in place
+    scenario.db.write_pending(SID, [{"role": "assistant", "content": "Filled.", "_row_id": blank, "_turn_id": "t1"}])
+    scenario.finish("t1")
+    second = scenario.snapshot(2.0)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}])
+    verdict = sanitize_pure(scenario.db_path, [first, second])
+    holds(verdict)
+    assert verdict.counts["observations"] == 3
+
+
+def test_sanitize_pure_fails_on_a_rewritten_row(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    before = scenario.snapshot()
+    scenario.raw("UPDATE messages SET content = ? WHERE id = ?", '{"value": "tampered"}', ids["r-look"])
+    violation = failing(sanitize_pure(scenario.db_path, [before]), "sanitize-pure")
+    assert violation.witness["row_id"] == ids["r-look"]
+    assert violation.witness["before"]["digest"] != violation.witness["after"]["digest"]
+
+
+def test_sanitize_pure_fails_on_a_second_rewrite_after_the_repair(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    blank = scenario.assistant("t1", "")
+    first = scenario.snapshot(1.0)
+    scenario.raw("UPDATE messages SET content = 'Filled.' WHERE id = ?", blank)
+    second = scenario.snapshot(2.0)
+    scenario.raw("UPDATE messages SET content = 'Refilled.' WHERE id = ?", blank)
+    violation = failing(sanitize_pure(scenario.db_path, [first, second]), "sanitize-pure")
+    assert violation.witness["before"]["at"]["t"] == 2.0
+
+
+def test_sanitize_pure_fails_when_an_archived_row_comes_back(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}])
+    before = scenario.snapshot()
+    scenario.raw("UPDATE messages SET active = 1 WHERE id = ?", ids["u1"])
+    assert "active again" in failing(sanitize_pure(scenario.db_path, [before]), "sanitize-pure").message
+
+
+# ==================================================================== coverage
+def test_coverage_holds_when_the_planned_kill_fired(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    holds(coverage(clean_events(scenario, ids), "flush.committed:2"))
+    holds(coverage([], None))  # nothing planned, nothing to cover
+
+
+def test_coverage_is_unknown_when_the_planned_kill_never_fired(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    verdict = coverage(clean_events(scenario, ids), "flush.committed:3")
+    assert verdict.valid == UNKNOWN
+    assert "planned kill never fired" in verdict.message
+    assert verdict.counts["planned_probe_hits"] == 2
+    # ... and a whole case with a dead injector cannot pass.
+    assert scenario.check(clean_events(scenario, ids), expect=EXPECT,
+                          planned_kill="tool.dispatch.before").valid == UNKNOWN
+
+
+# ===================================================================== history
+def test_history_writer_streams_private_lines_from_many_threads(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    writer = HistoryWriter(path)
+    history = CaseHistory("case-1", writer)
+
+    def record(worker: int) -> None:
+        for n in range(50):
+            history.record("probe", name="flush.begin", n=n, worker=worker, text="x" * 500)
+
+    threads = [threading.Thread(target=record, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    writer.close()
+
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    events = list(read_history(path))
+    assert len(events) == len(history.events) == 200
+    assert events == history.events
+    assert all(e["case"] == "case-1" and e["type"] == "probe" for e in events)
+    assert [e["t"] for e in events] == sorted(e["t"] for e in events)
+    with pytest.raises(ValueError):
+        writer.append({"type": "late"})
+
+
+def test_case_history_refuses_fields_it_sets_itself() -> None:
+    history = CaseHistory("case-1", None)
+    event = history.record("hello", incarnation=1, pid=7)
+    assert event == {"t": event["t"], "case": "case-1", "type": "hello", "incarnation": 1, "pid": 7}
+    with pytest.raises(ValueError):
+        history.record("hello", case="other")
+
+
+def test_read_history_tolerates_a_line_cut_by_a_kill_but_not_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    with HistoryWriter(path) as writer:
+        writer.append({"type": "spawn", "text": "caf\u00e9 \udc80"})  # a lone surrogate survives the trip
+        writer.append({"type": "exit"})
+    with open(path, "ab") as fh:
+        fh.write(b'{"type": "kil')
+    events = list(read_history(path))
+    assert [e["type"] for e in events] == ["spawn", "exit"]
+    assert events[0]["text"] == "caf\u00e9 \udc80"
+
+    path.write_bytes(b'{"type": "a"}\nnot json\n{"type": "b"}\n')
+    with pytest.raises(ValueError, match=":2:"):
+        list(read_history(path))
+
+
+def test_snapshot_rows_reads_without_writing(scenario: Scenario, tmp_path: Path) -> None:
+    assert snapshot_rows(tmp_path / "not-yet.db") == {}
+    ids = build_clean(scenario)
+    rows = snapshot_rows(scenario.db_path)
+    assert sorted(rows) == sorted(ids.values())
+    assert rows[ids["u1"]]["session"] == SID and rows[ids["u1"]]["turn"] == "t1"
+    assert rows[ids["u1"]]["active"] == 1 and rows[ids["u1"]]["cloned_from"] is None
+    assert snapshot_rows(scenario.db_path) == rows  # same rows, same digests
+    assert len({r["digest"] for r in rows.values()}) == len(rows)
+    with pytest.raises(sqlite3.OperationalError):  # the connection it would use cannot write
+        SessionDB(scenario.db_path, readonly=True).create_session("x")
+
+
+def test_checker_module_exports_one_function_per_invariant() -> None:
+    names = {name.replace("-", "_") for name in INVARIANTS}
+    assert all(callable(getattr(checker, n)) and getattr(checker, n).__doc__ for n in names)
