@@ -92,6 +92,8 @@ class CampaignConfig:
     process_timeout: float = 60.0
     limit: int | None = None
     case_ids: tuple[str, ...] = ()
+    forkserver: bool = True
+    probes: tuple[str, ...] = ()  # only derive cases whose first fault is at one of these probes
 
 
 class CaseRunner:
@@ -317,7 +319,7 @@ class Campaign:
                  ) -> None:
         self.config = config
         self.progress = progress or (lambda line: None)
-        self.pool = Pool()
+        self.pool = Pool(forkserver=config.forkserver)
         self.history = HistoryWriter(history_path) if history_path else None
         self.log_sink = log_sink
         self.results: list[CaseResult] = []
@@ -348,18 +350,22 @@ class Campaign:
                 baselines = self._run_cases([Case(s.name) for s in scenarios], root, server.base_url)
                 self.baselines = {r.case.scenario: r for r in baselines}
                 cases = self._derive(root, server.base_url)
-                cases = [c for c in cases if in_shard(c, config.shard)]
+                cases = [c for c in cases if in_shard(c, config.shard) and self._selected(c)]
                 if config.limit is not None:
                     cases = cases[: config.limit]
                 self.progress(f"{len(cases)} cases ({config.mode}) over {len(scenarios)} scenario(s)")
                 self.results = baselines + self._run_cases(cases, root, server.base_url)
         finally:
-            self.pool.kill_all()
+            self.pool.close()
             if self.history is not None:
                 self.history.close()
             if not config.keep and config.workdir is None:
                 shutil.rmtree(root, ignore_errors=True)
         return self.results
+
+    def _selected(self, case: Case) -> bool:
+        wanted = self.config.probes
+        return not wanted or (case.fault is not None and case.fault.probe in wanted)
 
     def _derive(self, root: Path, base_url: str) -> list[Case]:
         config = self.config
@@ -367,7 +373,7 @@ class Campaign:
             return random_cases(config, self.baselines)
         if config.mode == "double":
             firsts = [c for s, b in self.baselines.items() for c in enumerate_cases("exhaustive", s, b, config)]
-            firsts = [c for c in firsts if in_shard(c, config.shard)]
+            firsts = [c for c in firsts if in_shard(c, config.shard) and self._selected(c)]
             if config.limit is not None:
                 firsts = firsts[: config.limit]
             recoveries = self._run_cases(firsts, root, base_url)

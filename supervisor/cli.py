@@ -67,8 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--seed", type=int, default=0)
     chaos.add_argument("--runs", type=_positive, default=50)
     chaos.add_argument("--kill-mode", choices=("self", "external", "both"), default="self")
+    chaos.add_argument("--probe", action="append", choices=POINTS, default=None,
+                       help="only kill at this probe (repeatable); default: every probe")
     chaos.add_argument("--limit", type=_positive, default=None, help="run at most this many derived cases")
     chaos.add_argument("--case", action="append", default=None, metavar="ID", help="rerun exactly this case")
+    chaos.add_argument("--no-forkserver", action="store_true",
+                       help="start every worker as a fresh interpreter instead of forking a warm template")
     chaos.add_argument("--report", type=Path, default=None, metavar="DIR")
     chaos.add_argument("--workdir", type=Path, default=None, help="keep case directories here")
     chaos.add_argument("--history", type=Path, default=None, help="stream the history to this JSONL file")
@@ -111,7 +115,8 @@ def run_chaos(args: argparse.Namespace) -> int:
     kill_modes = ("self", "external") if args.kill_mode == "both" else (args.kill_mode,)
     config = CampaignConfig(scenarios=scenarios, mode=args.mode, seed=args.seed, runs=args.runs, jobs=args.jobs,
                             shard=args.shard, kill_modes=kill_modes, workdir=args.workdir,
-                            keep=args.workdir is not None, limit=args.limit, case_ids=tuple(args.case or ()))
+                            keep=args.workdir is not None, limit=args.limit, case_ids=tuple(args.case or ()),
+                            probes=tuple(args.probe or ()), forkserver=not args.no_forkserver)
     try:
         for case_id in config.case_ids:
             from supervisor.campaign import Case
@@ -126,7 +131,8 @@ def run_chaos(args: argparse.Namespace) -> int:
     wall = time.monotonic() - started
     summary = summarize(results)
     # A run of every scenario must reach every kill point: an unreached one means a dead probe.
-    all_scenarios = set(scenarios) == set(SCENARIOS) and not config.case_ids and config.mode == "exhaustive"
+    all_scenarios = (set(scenarios) == set(SCENARIOS) and not config.case_ids and not config.probes
+                     and config.mode == "exhaustive")
     unreached = [p for p in POINTS if p not in summary["reached"]] if all_scenarios else []
     summary.update(wall_seconds=round(wall, 2), cycles_per_second=round(len(results) / wall, 2) if wall else None,
                    unreached=unreached, ok=summary["ok"] and not unreached)

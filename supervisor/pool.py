@@ -7,6 +7,7 @@ code that ever waits on the child.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 import psutil
 
-from worker.protocol import Channel, ChannelClosed
+from worker.protocol import Channel, ChannelClosed, send_with_fds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +38,6 @@ def child_env() -> dict[str, str]:
 @dataclass
 class WorkerProcess:
     incarnation: int
-    popen: subprocess.Popen[bytes]
     channel: Channel
     pid: int
     create_time: float | None
@@ -88,31 +88,85 @@ MessageHandler = Callable[[WorkerProcess, dict[str, Any]], None]
 LogHandler = Callable[[WorkerProcess, bytes], None]
 
 
-class Pool:
-    """Starts workers and keeps exactly one reaper per child."""
+def _become_subreaper() -> bool:
+    """Make this process adopt orphaned descendants (Linux), so it can reap fork-server workers."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
 
-    def __init__(self, python: str = sys.executable) -> None:
+
+class ForkServer:
+    """The supervisor's handle on a warm `python -m worker.forkserver` template."""
+
+    def __init__(self, python: str) -> None:
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen([python, "-m", "worker.forkserver", str(theirs.fileno())],
+                                        pass_fds=[theirs.fileno()], start_new_session=True,
+                                        stdin=subprocess.DEVNULL, env=child_env(), cwd=REPO_ROOT)
+        theirs.close()
+        self.sock = ours
+        self.lock = threading.Lock()
+
+    def fork(self, argv: list[str], control_fd: int, stderr_fd: int) -> int:
+        with self.lock:
+            send_with_fds(self.sock, {"argv": argv}, [control_fd, stderr_fd])
+            reply = Channel(self.sock).recv()
+        if "pid" not in reply:
+            raise OSError(f"fork server could not start a worker: {reply.get('error')}")
+        return int(reply["pid"])
+
+    def close(self) -> None:
+        self.sock.close()  # the template exits when its socket closes
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class Pool:
+    """Starts workers (fresh interpreters, or forks of a warm template) and keeps one reaper per child."""
+
+    def __init__(self, python: str = sys.executable, *, forkserver: bool = False) -> None:
         self.python = python
         self._live: dict[int, WorkerProcess] = {}
         self._lock = threading.Lock()
+        self._forkserver: ForkServer | None = None
+        if forkserver:
+            if not _become_subreaper():
+                raise OSError("the fork server needs PR_SET_CHILD_SUBREAPER (Linux)")
+            self._forkserver = ForkServer(python)
+
+    def _launch(self, argv: list[str], control_fd: int) -> tuple[int, Any, Callable[[], int]]:
+        """Start one worker; returns (pid, its stderr as a binary file, a blocking wait for its status)."""
+        if self._forkserver is not None:
+            read_end, write_end = os.pipe()
+            try:
+                pid = self._forkserver.fork(argv, control_fd, write_end)
+            finally:
+                os.close(write_end)
+            return pid, os.fdopen(read_end, "rb"), lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        popen = subprocess.Popen([self.python, "-m", "worker", *argv, "--control", str(control_fd)],
+                                 pass_fds=[control_fd], start_new_session=True, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(),
+                                 cwd=REPO_ROOT)
+        return popen.pid, popen.stderr, popen.wait
 
     def spawn(self, args: list[str], *, incarnation: int, on_message: MessageHandler,
               on_log: LogHandler | None = None, on_exit: Callable[[WorkerProcess], None] | None = None
               ) -> WorkerProcess:
         ours, theirs = socket.socketpair()
-        argv = [self.python, "-m", "worker", *args, "--control", str(theirs.fileno()),
-                "--incarnation", str(incarnation)]
         try:
-            popen = subprocess.Popen(argv, pass_fds=[theirs.fileno()], start_new_session=True,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
+            pid, stderr, wait = self._launch([*args, "--incarnation", str(incarnation)], theirs.fileno())
         finally:
             theirs.close()
         try:
-            create_time: float | None = psutil.Process(popen.pid).create_time()
+            create_time: float | None = psutil.Process(pid).create_time()
         except psutil.Error:
             create_time = None  # already gone; the reaper will say how it ended
-        proc = WorkerProcess(incarnation, popen, Channel(ours), popen.pid, create_time)
+        proc = WorkerProcess(incarnation, Channel(ours), pid, create_time)
         with self._lock:
             self._live[proc.pid] = proc
 
@@ -124,17 +178,16 @@ class Pool:
                 pass
 
         def read_logs() -> None:
-            assert popen.stderr is not None
-            for line in popen.stderr:
+            for line in stderr:
                 if on_log is not None:
                     on_log(proc, line)
-            popen.stderr.close()
+            stderr.close()
 
         readers = [threading.Thread(target=read_channel, daemon=True, name=f"chan-{proc.pid}"),
                    threading.Thread(target=read_logs, daemon=True, name=f"log-{proc.pid}")]
 
         def reap() -> None:
-            proc.returncode = popen.wait()  # the one and only wait on this child
+            proc.returncode = wait()  # the one and only wait on this child
             for reader in readers:
                 reader.join(timeout=5)
             proc.channel.close()
@@ -159,3 +212,9 @@ class Pool:
             proc.kill(by)
         for proc in self.live():
             proc.wait(timeout)
+
+    def close(self) -> None:
+        self.kill_all()
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None

@@ -237,10 +237,11 @@ def _run_command(args: argparse.Namespace, db: SessionDB, agent: AIAgent) -> dic
     return _outcome(result, **({"resumed_turn": resumed.get("turn_id")} if resumed else {}))
 
 
-def execute(args: argparse.Namespace, plan: KillPlan | None) -> int:
+def execute(args: argparse.Namespace, plan: KillPlan | None, die_with_parent: bool = True) -> int:
     link = None
     if args.control is not None:
-        _die_with_parent()
+        if die_with_parent:
+            _die_with_parent()
         link = SupervisorLink(Channel.from_fd(args.control))
         link.report({"type": "hello", "pid": os.getpid(), "incarnation": args.incarnation,
                      "session": args.session, "command": args.command, "started": time.time()})
@@ -265,12 +266,14 @@ def execute(args: argparse.Namespace, plan: KillPlan | None) -> int:
     return EXIT_OK if out["outcome"] in ("completed", "nothing to resume") else EXIT_TURN_FAILED
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, die_with_parent: bool = True) -> int:
+    """The worker entry. A fork-server child passes die_with_parent=False: its parent at that
+    instant is a short-lived intermediate, and a closed control channel already stops it."""
     try:
         args = build_parser().parse_args(argv)
         plan = _validate(args)
         _setup_logging(args)
-        return execute(args, plan)
+        return execute(args, plan, die_with_parent)
     except UsageError as exc:
         print(f"worker: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -110,3 +110,21 @@ class Channel:
             self.sock.close()
         except OSError:
             pass
+
+
+def send_with_fds(sock: socket.socket, message: dict[str, Any], fds: list[int]) -> None:
+    """One frame whose header carries `fds` (SCM_RIGHTS), for handing a child its sockets and pipes."""
+    body = json.dumps(message).encode("utf-8")
+    socket.send_fds(sock, [_HEADER.pack(len(body))], fds)
+    sock.sendall(body)
+
+
+def recv_with_fds(sock: socket.socket, max_fds: int = 4) -> tuple[dict[str, Any], list[int]] | None:
+    """The next frame and the descriptors that came with it; None at end of stream."""
+    header, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, max_fds)
+    if not header:
+        return None
+    if len(header) < _HEADER.size:
+        header += Channel(sock)._read_exact(_HEADER.size - len(header))
+    (size,) = _HEADER.unpack(header)
+    return json.loads(Channel(sock)._read_exact(size).decode("utf-8")), list(fds)

@@ -1,0 +1,39 @@
+"""Deliberate defect: the assistant tool-call block is not flushed before its tools run.
+
+Loaded only by worker processes (see `_is_worker`). A flush whose newest message is a
+not-yet-durable assistant row with tool calls reports success without writing. The
+row is not lost: the first tool result's flush writes every message that is not yet
+durable, the skipped row included. But the tool ran while the request for it existed
+only in memory, so the checker must report `durable-before-effect`.
+"""
+import sys
+
+DEFECT = "no-flush-before-dispatch"
+
+
+def _is_worker() -> bool:
+    """True in `python -m worker ...` and in a worker template (`python -m worker.forkserver`,
+    whose forks inherit the patch); False in the supervisor and everywhere else."""
+    # At start-up sys.argv is ['-m', ...] without the module name; orig_argv keeps it.
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    return any(a == "-m" and (b == "worker" or b.startswith("worker.")) for a, b in zip(argv, argv[1:]))
+
+
+def _arm() -> None:
+    from hermes.runner import AIAgent
+
+    original = AIAgent._flush_incremental
+
+    def skip_tool_call_block(self, messages):
+        tail = messages[-1] if messages else None
+        if (tail is not None and tail.get("role") == "assistant" and tail.get("tool_calls")
+                and not tail.get("_db_persisted")):
+            return True  # claims success; nothing was written
+        return original(self, messages)
+
+    AIAgent._flush_incremental = skip_tool_call_block
+    print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
+
+
+if _is_worker():
+    _arm()
