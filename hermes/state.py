@@ -104,6 +104,36 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in str(exc).lower() or "busy" in str(exc).lower()
 
 
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection, even to a WAL database whose last writer was killed.
+
+    A read-only connection cannot run WAL recovery (it needs to write the shared-memory
+    index), so after a crash it fails with "attempt to write a readonly database". Then
+    one ordinary connection opens the file, which recovers the WAL without changing any
+    row, and the read-only open is retried.
+    """
+    def attempt() -> sqlite3.Connection:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.OperationalError:
+            conn.close()
+            raise
+        return conn
+
+    try:
+        return attempt()
+    except sqlite3.OperationalError as exc:
+        if "readonly" not in str(exc) and "unable to open" not in str(exc):
+            raise
+    recovering = sqlite3.connect(path, isolation_level=None, timeout=5.0)
+    try:
+        recovering.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    finally:
+        recovering.close()
+    return attempt()
+
+
 def _scrub_text(text: str) -> str:
     """Make `text` storable as UTF-8: pair up surrogate halves, replace lone ones with U+FFFD."""
     try:
@@ -147,8 +177,7 @@ class SessionDB:
         if self.readonly:
             if not path.exists():
                 raise StorageError(f"{path} does not exist")
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,
-                                   check_same_thread=False)
+            conn = connect_readonly(path)
         else:
             if not path.exists():
                 if not path.parent.exists():

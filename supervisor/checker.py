@@ -455,7 +455,10 @@ def well_formed(db: DB) -> Verdict:
       exactly one tool row per call id and by nothing else;
     * no tool row stands outside such a block or answers an id its block did not ask for;
     * no assistant row is blank (no text and no tool calls);
-    * an assistant row without tool calls is never directly followed by another assistant row.
+    * an assistant row without tool calls is never directly followed by another assistant row;
+    * every started turn (running, done or failed) owns exactly one original user row
+      (active or archived, not a compaction clone), it is the turn's first row, and its
+      text is the turn's recorded user text: a turn never runs without its question.
 
     A database that exists but cannot be read is not well-formed.
     """
@@ -471,8 +474,27 @@ def well_formed(db: DB) -> Verdict:
         skipped += len(rows) - len(kept)
         checked += len(kept)
         violations += _transcript_shape(session, kept)
+    violations += _turns_own_their_question(d)
     return _verdict(WELL_FORMED, violations,
                     {"rows_checked": checked, "rows_of_running_turns": skipped, "violations": len(violations)})
+
+
+def _turns_own_their_question(d: Durable) -> list[Violation]:
+    originals: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in d.rows:
+        if row["turn_id"] is not None and row["cloned_from"] is None:
+            originals[row["turn_id"]].append(row)
+    out = []
+    for turn in d.turns:
+        if turn["state"] == "queued":
+            continue
+        rows = originals.get(turn["id"], [])
+        users = [r for r in rows if r["role"] == "user"]
+        if len(users) != 1 or rows[0]["role"] != "user" or users[0]["content"] != turn["user_text"]:
+            out.append(Violation(WELL_FORMED, f"turn {turn['id']} ({turn['state']}) does not start with exactly "
+                                              "one user row holding its question",
+                                 {"turn": _turn_brief(turn), "rows": [_brief(r) for r in rows[:6]]}))
+    return out
 
 
 def _transcript_shape(session: str, rows: list[dict[str, Any]]) -> list[Violation]:

@@ -11,11 +11,13 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from hermes.state import connect_readonly
+
 
 def open_readonly(db_path: Path) -> sqlite3.Connection | None:
     if not db_path.exists():
         return None
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+    conn = connect_readonly(db_path)
     conn.execute("PRAGMA busy_timeout = 2000")
     return conn
 

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hermes.state import connect_readonly
+
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS executions (
         id              INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -41,8 +43,7 @@ class Ledger:
         self.path = Path(path)
         self.incarnation = incarnation
         if readonly:
-            self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
-                                         check_same_thread=False)
+            self._conn = connect_readonly(self.path)
         else:
             if not self.path.exists():
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
