@@ -173,7 +173,8 @@ class CaseRunner:
     def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None) -> WorkerProcess:
         turn = self.scenario.turns[turn_index]
         args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", self.base_url,
-                "--model", MODEL, "--ledger", str(self.ledger), "--timeout", "20", *self.scenario.extra_args()]
+                "--model", MODEL, "--ledger", str(self.ledger), "--timeout", "20", "--busy-budget", "2",
+                *self.scenario.extra_args(command)]
         if command == "run":
             args += ["--message", turn.message, "--turn-id", f"turn-{turn_index}"]
         if fault is not None:
@@ -231,7 +232,7 @@ class CaseRunner:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         restarts = 0
         for turn_index in range(len(self.scenario.turns)):
-            process, command = 0, "run"
+            process, command, attempts = 0, "run", 0
             while True:
                 fault = self._fault_for(turn_index, process)
                 self._paused.clear()
@@ -243,18 +244,17 @@ class CaseRunner:
                     if self._paused.is_set():
                         process = self._take_over_while_paused(proc, turn_index, process)
                 self._finish(proc)
-                if proc.signal == signal.SIGKILL:
-                    restarts += 1
-                    if restarts > self.config.max_restarts:
-                        break
-                    command = "resume"
-                    continue
-                if self._turn_state(turn_index) in ("done", "failed"):
+                killed = proc.signal == signal.SIGKILL
+                restarts += killed
+                state = self._turn_state(turn_index)
+                if state in ("done", "failed"):
                     break
-                if command == "resume":
-                    command = "run"  # nothing was interrupted: the turn never started; start it
-                    continue
-                break
+                attempts += 1
+                if attempts > self.config.max_restarts:
+                    break  # turn-liveness reports the turn that never ended
+                # Killed mid-turn, or fenced off by a newer worker: finish the turn from the database.
+                # Never started (killed before its first commit): start it again.
+                command = "resume" if state == "running" else "run"
         events = self.history.events
         verdict = check_case(self.db, self.ledger, events, self.scenario.expectation(),
                              planned_kill=self.case.fault.point if self.case.fault and

@@ -35,11 +35,12 @@ class Scenario:
     def expectation(self) -> Expectation:
         return Expectation(turns=len(self.turns), final_answers=tuple(t.answer for t in self.turns))
 
-    def extra_args(self) -> list[str]:
+    def extra_args(self, command: str) -> list[str]:
+        """Worker arguments this scenario adds to `command` (compaction happens only before a new turn)."""
         args = list(self.worker_args)
         if self.stream:
             args.append("--stream")
-        if self.compact_above:
+        if self.compact_above and command == "run":
             args += ["--compact-above", str(self.compact_above)]
         return args
 

@@ -1,0 +1,196 @@
+"""The chaos campaign end to end: real workers killed at every probe, then checked.
+
+Each campaign runs as `python -m supervisor chaos ...` in its own session, exactly as a
+user would start it, and the test reads the reports it writes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from hermes.probes import POINTS
+from hermes.state import SessionDB
+from supervisor.campaign import Case, CampaignConfig, in_shard, random_cases
+from supervisor.nemesis import Fault
+from supervisor.scenarios import SCENARIOS
+
+REPO = Path(__file__).resolve().parent.parent
+chaos = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
+
+
+def supervisor(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def read_report(directory: Path) -> dict:
+    return json.loads((directory / "report.json").read_text())
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_exhaustive_campaign_passes_with_every_planned_kill_fired(scenario: str, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    done = supervisor("chaos", "--mode", "exhaustive", "--scenario", scenario, "--jobs", "2", "--report", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = read_report(out)
+    assert report["ok"] is True and report["violations"] == [] and report["unfired"] == []
+    derived = [r for r in report["results"] if r["fault"]]
+    assert len(derived) >= 10, "a scenario's fault-free run reaches at least ten kill points"
+    assert all(r["fired"] for r in derived), "every case's planned kill really happened"
+    assert report["kills"] >= len(derived)
+    targeted = {p for p, entry in report["points"].items() if entry["cases"]}
+    assert targeted and all(report["points"][p]["hit"] for p in targeted)
+    assert {"flush.committed", "flush.in_txn", "model.request", "finalize.before"} <= targeted
+    suite = ET.parse(out / "junit.xml").getroot()
+    assert int(suite.get("tests")) == report["cases"] == len(suite.findall("testcase"))
+    assert int(suite.get("failures")) == 0
+    assert "| kill point |" in (out / "report.md").read_text()
+    for name in ("report.json", "junit.xml", "report.md"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_external_kills_and_pauses_pass_on_the_write_scenario(tmp_path: Path) -> None:
+    external = supervisor("chaos", "--scenario", "writes", "--kill-mode", "external", "--probe", "tool.dispatch.after",
+                          "--probe", "callback.interim.after", "--report", str(tmp_path / "ext"))
+    assert external.returncode == 0, external.stdout[-3000:]
+    report = read_report(tmp_path / "ext")
+    assert any("probe:external@tool.dispatch.after" in r["case"] for r in report["results"])
+    paused = supervisor("chaos", "--mode", "pause", "--scenario", "writes", "--probe", "flush.begin",
+                        "--probe", "tool.dispatch.before", "--report", str(tmp_path / "pause"))
+    assert paused.returncode == 0, paused.stdout[-3000:]
+    cases = [r for r in read_report(tmp_path / "pause")["results"] if r["fault"]]
+    assert cases and all(r["fault"].startswith("pause:") for r in cases)
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_double_and_random_modes_pass(tmp_path: Path) -> None:
+    double = supervisor("chaos", "--mode", "double", "--scenario", "single-tool", "--limit", "3",
+                        "--report", str(tmp_path / "double"))
+    assert double.returncode == 0, double.stdout[-3000:]
+    pairs = [r for r in read_report(tmp_path / "double")["results"] if r["fault"] and "+" in r["fault"]]
+    assert pairs, "double mode pairs a first kill with kill points of its recovery"
+    assert all(len(r["fired"]) == 2 and r["kills"] >= 2 for r in pairs)
+    rand = supervisor("chaos", "--mode", "random", "--seed", "11", "--runs", "20", "--kill-mode", "both",
+                      "--report", str(tmp_path / "random"))
+    assert rand.returncode == 0, rand.stdout[-3000:]
+    assert read_report(tmp_path / "random")["cases"] == 20 + len(SCENARIOS)
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_a_case_reruns_exactly_from_its_id(tmp_path: Path) -> None:
+    case_id = "self-kill/probe:self@tool.dispatch.after:1@t0p1"
+    done = supervisor("chaos", "--case", case_id, "--report", str(tmp_path / "one"))
+    assert done.returncode == 0, done.stdout[-3000:]
+    report = read_report(tmp_path / "one")
+    assert [r["case"] for r in report["results"]] == [case_id]
+    assert report["results"][0]["fired"] == ["tool.dispatch.after:1"]
+
+
+def test_fault_labels_and_case_ids_parse_back() -> None:
+    inner = Fault("probe", 1, 2, probe="resume.reconciled", n=1, mode="external")
+    fault = Fault("probe", 1, 0, probe="flush.committed", n=3, mode="self", then=inner)
+    assert Fault.parse(fault.label()) == fault
+    timer = Fault("timer", 0, 0, delay_ms=125)
+    assert Fault.parse(timer.label()) == timer
+    case = Case("writes", fault)
+    assert Case.parse(case.case_id) == case
+    assert Case.parse("writes/fault-free") == Case("writes")
+    with pytest.raises(ValueError):
+        Case.parse("no-such-scenario/fault-free")
+    with pytest.raises(ValueError):
+        Fault.parse("probe:self@flush.committed@t0")
+
+
+def test_shards_split_cases_deterministically_and_completely() -> None:
+    cases = [Case("writes", Fault("probe", 0, 0, probe=p, n=n)) for p in POINTS for n in (1, 2, 3)]
+    shards = [[c for c in cases if in_shard(c, (i, 3))] for i in (1, 2, 3)]
+    assert sum(len(s) for s in shards) == len(cases)
+    assert {c.case_id for s in shards for c in s} == {c.case_id for c in cases}
+    assert all(shards), "every shard gets work"
+    again = [[c for c in cases if in_shard(c, (i, 3))] for i in (1, 2, 3)]
+    assert again == shards
+
+
+def test_random_mode_is_a_function_of_its_seed() -> None:
+    from supervisor.campaign import CaseResult
+    from supervisor.checker import Verdict
+
+    trace = [(0, 0, "flush.committed", n) for n in (1, 2, 3)] + [(0, 0, "model.request", 1)]
+    baselines = {name: CaseResult(Case(name), Verdict(True, [], {}, "x"), 0, 0, 0.0, trace)
+                 for name in ("single-tool", "writes")}
+    config = CampaignConfig(scenarios=list(baselines), mode="random", seed=42, runs=30,
+                            kill_modes=("self", "external"))
+    first = [c.case_id for c in random_cases(config, baselines)]
+    assert first == [c.case_id for c in random_cases(config, baselines)]
+    assert len(first) == 30 and any("timer@" in c for c in first) and any("probe:" in c for c in first)
+    config.seed = 43
+    assert first != [c.case_id for c in random_cases(config, baselines)]
+
+
+def test_list_points_and_usage_errors() -> None:
+    listed = supervisor("chaos", "--list-points", timeout=60)
+    assert listed.returncode == 0 and listed.stdout.split() == list(POINTS)
+    for argv in (["chaos", "--mode", "sideways"], ["chaos", "--shard", "3/2"], ["chaos", "--jobs", "0"],
+                 ["chaos", "--case", "nope/fault-free"], ["check"], ["frobnicate"],
+                 ["check", "--db", "/nonexistent/state.db"]):
+        done = supervisor(*argv, timeout=60)
+        assert done.returncode == 2, (argv, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("hermes-supervisor: error:"), (argv, done.stderr)
+
+
+def _db_with_turn(path: Path, *, answer_tool_call: bool) -> None:
+    db = SessionDB(path)
+    db.create_session("s", source="test")
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    msgs = [{"role": "user", "content": "q", "_turn_id": "t1"},
+            {"role": "assistant", "content": None, "tool_calls": [call], "_turn_id": "t1"}]
+    if answer_tool_call:
+        msgs.append({"role": "tool", "tool_call_id": "c1", "name": "lookup", "content": "r", "_turn_id": "t1"})
+    msgs.append({"role": "assistant", "content": "a", "_turn_id": "t1"})
+    db.write_pending("s", msgs, start_turn="t1")
+    db.finish_turn("t1", "done")
+    db.close()
+
+
+def test_check_verb_passes_a_sound_database_and_names_a_broken_one(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.db", tmp_path / "bad.db"
+    _db_with_turn(good, answer_tool_call=True)
+    _db_with_turn(bad, answer_tool_call=False)
+    passed = supervisor("check", "--db", str(good), timeout=60)
+    assert passed.returncode == 0, passed.stdout
+    failed = supervisor("check", "--db", str(bad), "--session", "s", timeout=60)
+    assert failed.returncode == 1
+    verdict = json.loads(failed.stdout)
+    assert verdict["valid"] is False
+    assert "well-formed" in failed.stdout
+    not_sqlite = tmp_path / "junk.db"
+    not_sqlite.write_bytes(b"this is not a database" * 100)
+    junk = supervisor("check", "--db", str(not_sqlite), timeout=60)
+    assert junk.returncode in (1, 2) and ("not" in (junk.stdout + junk.stderr).lower())
+    with sqlite3.connect(good) as conn:  # the check never wrote to the file it read
+        assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 4
