@@ -39,6 +39,11 @@ SESSION = "chaos-session"
 MODEL = "scripted-model"
 
 
+def case_file_stem(case_id: str) -> str:
+    """A file name for a case: stable, readable, and free of path separators."""
+    return case_id.replace("/", "__").replace(":", "_")
+
+
 @dataclass(frozen=True)
 class Case:
     scenario: str
@@ -93,6 +98,7 @@ class CampaignConfig:
     limit: int | None = None
     case_ids: tuple[str, ...] = ()
     forkserver: bool = True
+    case_files: Path | None = None  # when set, each case's result and history is written here as JSON
     probes: tuple[str, ...] = ()  # only derive cases whose first fault is at one of these probes
 
 
@@ -103,7 +109,7 @@ class CaseRunner:
                  config: CampaignConfig, on_log: Callable[[WorkerProcess, bytes], None] | None = None) -> None:
         self.case = case
         self.scenario: Scenario = SCENARIOS[case.scenario]
-        self.dir = root / case.case_id.replace("/", "__").replace(":", "_")
+        self.dir = root / case_file_stem(case.case_id)
         self.db = self.dir / "state.db"
         self.ledger = self.dir / "effects.db"
         self.base_url = base_url
@@ -327,9 +333,15 @@ class Campaign:
 
     def _run_cases(self, cases: list[Case], root: Path, base_url: str) -> list[CaseResult]:
         def one(case: Case) -> CaseResult:
-            result = CaseRunner(case, root, base_url, self.pool, self.history, self.config, self.log_sink).run()
+            runner = CaseRunner(case, root, base_url, self.pool, self.history, self.config, self.log_sink)
+            result = runner.run()
+            if self.config.case_files is not None:
+                # The case's whole history goes to disk now; the campaign keeps only its summary.
+                self.config.case_files.mkdir(mode=0o700, parents=True, exist_ok=True)
+                write_json(self.config.case_files / f"{case_file_stem(case.case_id)}.json",
+                           dict(result.to_json(), events=runner.history.events))
             if not self.config.keep and result.verdict.valid is True:
-                shutil.rmtree(root / case.case_id.replace("/", "__").replace(":", "_"), ignore_errors=True)
+                shutil.rmtree(runner.dir, ignore_errors=True)
             mark = {True: "ok", False: "VIOLATION"}.get(result.verdict.valid, "unknown")  # type: ignore[arg-type]
             self.progress(f"{mark:9} {case.case_id} ({result.seconds:.2f}s, {result.kills} kills)")
             return result

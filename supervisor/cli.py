@@ -116,13 +116,16 @@ def run_chaos(args: argparse.Namespace) -> int:
     config = CampaignConfig(scenarios=scenarios, mode=args.mode, seed=args.seed, runs=args.runs, jobs=args.jobs,
                             shard=args.shard, kill_modes=kill_modes, workdir=args.workdir,
                             keep=args.workdir is not None, limit=args.limit, case_ids=tuple(args.case or ()),
-                            probes=tuple(args.probe or ()), forkserver=not args.no_forkserver)
+                            probes=tuple(args.probe or ()), forkserver=not args.no_forkserver,
+                            case_files=args.report / "cases" if args.report else None)
     try:
         for case_id in config.case_ids:
             from supervisor.campaign import Case
             Case.parse(case_id)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.report is not None:
+        args.report.mkdir(mode=0o700, parents=True, exist_ok=True)
     progress, finish = _progress_printer()
     started = time.monotonic()
     campaign = Campaign(config, progress=progress, history_path=args.history)
