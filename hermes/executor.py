@@ -35,6 +35,20 @@ SPILL_PREVIEW_CHARS = 4_000
 CANCELLED_RESULT = "[cancelled: the turn was interrupted before this tool call finished]"
 
 
+def _make_private_dirs(path: Path) -> None:
+    """Create `path` and each missing parent as 0700 (`mkdir(parents=True)` would give parents the
+    default mode, and under a loose umask the home directory would be left open to everyone)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+
+
 def maybe_persist_tool_result(*, content: str, tool_name: str, tool_call_id: str,
                               spill_dir: Path | None = None,
                               threshold: int = SPILL_THRESHOLD_CHARS) -> str:
@@ -54,7 +68,7 @@ def maybe_persist_tool_result(*, content: str, tool_name: str, tool_call_id: str
     path = Path(spill_dir) / f"{stem}-{digest}.txt"
     preview = content[:SPILL_PREVIEW_CHARS]
     try:
-        Path(spill_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make_private_dirs(Path(spill_dir))
         fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as fh:
             fh.write(content)

@@ -7,7 +7,9 @@ A turn whose flush fails ends closed with
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
+from pathlib import Path
 
 CAUSES = ("locked", "disk", "readonly", "corrupt", "lease", "unknown")
 
@@ -38,14 +40,42 @@ _MESSAGE_MARKERS = (
 )
 
 
-def classify(exc: BaseException | None) -> str:
-    """Map an exception raised by a write to one of `CAUSES`."""
+# A write into a session whose `sessions` row another process deleted: the FOREIGN KEY
+# check of messages/turns fails, or SessionDB itself notices (lease check, dispatch intents).
+# No cause of `CAUSES` fits (the storage works; the row is gone), so it stays "unknown" and
+# `describe` says what is missing.
+_MISSING_SESSION_MARKERS = ("foreign key constraint failed", "session row is missing")
+
+
+def session_row_missing(detail: object) -> bool:
+    """Whether a failed write's message says the session's own row is gone."""
+    text = str(detail or "").lower()
+    return any(marker in text for marker in _MISSING_SESSION_MARKERS)
+
+
+def _directory_is_readonly(db_path: object) -> bool:
+    """Whether new files cannot be made next to `db_path` (read-only mount, immutable or
+    non-writable directory): then SQLite cannot create the WAL files it needs to open."""
+    folder = Path(str(db_path)).parent
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return True
+    except OSError:
+        return False
+    return not os.access(folder, os.W_OK)
+
+
+def classify(exc: BaseException | None, db_path: object = None) -> str:
+    """Map an exception raised by a write (or by opening `db_path`) to one of `CAUSES`."""
     if exc is None:
         return "unknown"
     text = str(exc).lower()
     if "lease lost" in text:
         return "lease"
     code = getattr(exc, "sqlite_errorcode", None)
+    if (db_path is not None and isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_CANTOPEN
+            and _directory_is_readonly(db_path)):
+        return "readonly"
     if isinstance(code, int) and code & 0xFF in _PRIMARY_CODES:
         return _PRIMARY_CODES[code & 0xFF]
     if isinstance(exc, OSError):
@@ -82,5 +112,10 @@ def describe(cause: str, detail: str | None = None, db_path: object = None) -> s
     }.get(cause)
     if text is None:
         raise ValueError(f"unknown persistence failure cause {cause!r}")
+    if cause == "unknown" and session_row_missing(detail):
+        text = (f"This session's row is missing from the session database{where}: another process deleted "
+                f"it while the turn was running, so nothing more of the turn could be saved. {closed} "
+                "Re-create the session (or restore the database) if it was deleted by mistake, then retry "
+                "the turn.")
     # The locked message must stay about busy storage; a raw SQLite detail could talk of disks.
     return text if cause == "locked" else text + said

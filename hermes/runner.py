@@ -33,7 +33,7 @@ from hermes.state import SessionDB
 from hermes.tools import (check_toolset_requirements, get_tool_definitions, handle_function_call,
                           registry)
 from hermes.transcript import (fill_or_append_answer, normalize_tool_calls, public_copy,
-                               sanitize_api_messages)
+                               sanitize_api_messages, scrub_text)
 
 log = logging.getLogger("hermes.runner")
 
@@ -98,6 +98,7 @@ class AIAgent:
         interim_assistant_callback: Callable[..., Any] | None = None,
         tool_complete_callback: Callable[..., Any] | None = None,
         stream_delta_callback: Callable[[str], Any] | None = None,
+        http_client: Any = None,
     ) -> None:
         # This runtime reads no context files and keeps no long-term memory; the flags are
         # accepted so callers written for fuller agents construct it unchanged.
@@ -111,8 +112,11 @@ class AIAgent:
         self.toolset_problems = check_toolset_requirements(enabled_toolsets=enabled_toolsets)
         for toolset, missing in self.toolset_problems.items():
             log.warning("toolset %s is not usable yet: missing %s", toolset, ", ".join(missing))
+        # `http_client`: an HTTP client for the SDK to use instead of building its own (a worker
+        # forked from a warm template passes one whose TLS context the template already built).
         self.client = OpenAI(api_key=api_key or os.environ.get("OPENAI_API_KEY") or "no-key-configured",
-                             base_url=base_url, timeout=request_timeout, max_retries=max_retries)
+                             base_url=base_url, timeout=request_timeout, max_retries=max_retries,
+                             **({"http_client": http_client} if http_client is not None else {}))
         self.stream = stream
         self.max_iterations = max_iterations
         self.max_concurrent_tools = max_concurrent_tools
@@ -174,6 +178,11 @@ class AIAgent:
         `conversation_history` (by identity) count as durable unless they carry a
         `_row_id` that asks for a rewrite.
         """
+        if not conversation_history and messages:
+            # The usual flush: only the newest message is new (the loop below would say the same).
+            last = messages[-1]
+            if not last.get("_db_persisted") and (len(messages) == 1 or messages[-2].get("_db_persisted")):
+                return [last]
         history_ids: set[int] | None = None
         pending = []
         for msg in reversed(messages):
@@ -207,7 +216,7 @@ class AIAgent:
         True on success, False on failure (the cause is kept for the turn's result),
         None when persistence is off. Never raises into the turn.
         """
-        if not self._persistence_on():
+        if self._session_db is None or self._persist_disabled:  # i.e. not self._persistence_on()
             return None
         pending = self._pending_messages(messages, conversation_history)
         if not pending:
@@ -286,7 +295,7 @@ class AIAgent:
         fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"session": self.session_id, "turn": self._current_turn_id,
-                                 "user": user_message, "completed": completed,
+                                 "user": scrub_text(user_message), "completed": completed,
                                  "messages": [public_copy(m) for m in messages]}, ensure_ascii=False) + "\n")
 
     def _cleanup_task_resources(self, task_id: str) -> None:

@@ -82,6 +82,11 @@ _SCHEMA = (
 # Message keys stored in their own columns; anything else public goes to `extra`.
 _COLUMN_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
 
+_LEASE_SQL = "SELECT lease_epoch, lease_owner FROM sessions WHERE id = ?"
+_INSERT_MESSAGE_SQL = (
+    "INSERT INTO messages (session_id, turn_id, role, content, content_kind, tool_calls, "
+    "tool_call_id, name, extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
 
 class StorageError(Exception):
     """The database cannot be used as asked; the message says why and what to do."""
@@ -136,6 +141,8 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
 
 def _scrub_text(text: str) -> str:
     """Make `text` storable as UTF-8: pair up surrogate halves, replace lone ones with U+FFFD."""
+    if text.isascii():  # the common case, answered without encoding a copy
+        return text
     try:
         text.encode("utf-8")
         return text
@@ -167,7 +174,15 @@ class SessionDB:
         self._lock = threading.RLock()
         # session id -> fencing epoch this process holds; writes to those sessions check it.
         self._leases: dict[str, int] = {}
+        # session id -> PRAGMA data_version at which this connection last read its epoch row
+        # and found the epoch it holds (see `_transaction`).
+        self._lease_seen_at: dict[str, int] = {}
+        self._conn: sqlite3.Connection = None  # type: ignore[assignment]
+        self._cur: sqlite3.Cursor | None = None
         self._conn = self._open()
+        # One cursor for the statements of write transactions, used only under self._lock:
+        # a fresh cursor per statement costs more than the statement on the flush path.
+        self._cur = self._conn.cursor()
 
     # ------------------------------------------------------------------ opening
     def _open(self) -> sqlite3.Connection:
@@ -233,6 +248,7 @@ class SessionDB:
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
+                self._cur = None
                 self._conn.close()
                 self._conn = None  # type: ignore[assignment]
 
@@ -243,10 +259,19 @@ class SessionDB:
         self.close()
 
     # ------------------------------------------------------------ transactions
-    def _retry_busy(self, fn: Callable[[], _T]) -> _T:
-        """Run `fn`, retrying on SQLITE_BUSY with jittered backoff until the budget is spent."""
+    def _retry_busy(self, fn: Callable[[], _T], failed: sqlite3.OperationalError | None = None) -> _T:
+        """Run `fn`, retrying on SQLITE_BUSY with jittered backoff until the budget is spent.
+
+        `failed`: the error of a first attempt the caller already made inline (its fast
+        path); the retries then go on exactly as if that attempt had been made here.
+        """
         deadline = time.monotonic() + self.busy_budget_s
         delay = 0.001
+        if failed is not None:
+            if not _is_busy(failed) or time.monotonic() + delay > deadline:
+                raise failed
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, 0.05)
         while True:
             try:
                 return fn()
@@ -256,37 +281,63 @@ class SessionDB:
             time.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 2, 0.05)
 
-    def _transaction(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T],
+    def _transaction(self, conn: sqlite3.Connection, fn: Callable[..., _T],
                      *, probe: str | None = None, session_id: str | None = None,
-                     probe_context: dict[str, Any] | None = None) -> _T:
-        ctx = dict(probe_context or {}, session=session_id)
-        if probe:
-            probes.fire(f"{probe}.begin", **ctx)
-        self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
+                     probe_context: dict[str, Any] | None = None, args: tuple[Any, ...] = ()) -> _T:
+        """BEGIN IMMEDIATE; the lease check; `fn(conn, *args)`; COMMIT (ROLLBACK on any error).
+
+        This is every write's path, so it keeps off it what a write does not need: a probe's
+        name and context are built only while a handler is installed (``probes.fire`` would
+        drop them unread otherwise; each point still looks the handler up when reached), and
+        the busy-retry machinery is entered only after a first BEGIN failed.
+        """
+        if probe and probes._handler is not None:
+            probes.fire(f"{probe}.begin", **dict(probe_context or {}, session=session_id))
+        cur = self._cur if conn is self._conn and self._cur is not None else conn.cursor()
         try:
-            if session_id is not None and session_id in self._leases:
-                self._check_lease(conn, session_id)
-            result = fn(conn)
-            if probe:
-                probes.fire(f"{probe}.in_txn", **ctx)
-            conn.execute("COMMIT")
+            cur.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            self._retry_busy(lambda: cur.execute("BEGIN IMMEDIATE"), failed=exc)
+        try:
+            held = self._leases.get(session_id) if session_id is not None else None
+            if held is not None:
+                # The fencing check, inside the write lock. `PRAGMA data_version` changes whenever
+                # another connection has committed since this one last read the database; only
+                # then can the epoch row differ from what this connection last read, so only
+                # then is the row read again. (This connection itself changes epochs only in
+                # acquire_lease, which forgets the version it saw.)
+                version = cur.execute("PRAGMA data_version").fetchone()[0]
+                if self._lease_seen_at.get(session_id) != version:
+                    row = cur.execute(_LEASE_SQL, (session_id,)).fetchone()
+                    if row is None or row[0] != held:
+                        self._lease_seen_at.pop(session_id, None)
+                        self._lease_lost(session_id, row, held)
+                    self._lease_seen_at[session_id] = version
+            elif session_id is None:
+                # A write tied to no leased session (creating sessions, taking leases, ...) may
+                # touch the sessions table through this very connection: read epochs afresh.
+                self._lease_seen_at.clear()
+            result = fn(conn, *args)
+            if probe and probes._handler is not None:
+                probes.fire(f"{probe}.in_txn", **dict(probe_context or {}, session=session_id))
+            cur.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        if probe:
-            probes.fire(f"{probe}.committed", **ctx)
+        if probe and probes._handler is not None:
+            probes.fire(f"{probe}.committed", **dict(probe_context or {}, session=session_id))
         return result
 
-    def _execute_write(self, fn: Callable[[sqlite3.Connection], _T], *, probe: str | None = None,
+    def _execute_write(self, fn: Callable[..., _T], *, probe: str | None = None,
                        session_id: str | None = None,
-                       probe_context: dict[str, Any] | None = None) -> _T:
-        """Run `fn(conn)` inside one BEGIN IMMEDIATE ... COMMIT; roll back on any error."""
+                       probe_context: dict[str, Any] | None = None, args: tuple[Any, ...] = ()) -> _T:
+        """Run `fn(conn, *args)` inside one BEGIN IMMEDIATE ... COMMIT; roll back on any error."""
         if self.readonly:
             raise sqlite3.OperationalError("attempt to write a readonly database")
         with self._lock:
             return self._transaction(self._conn, fn, probe=probe, session_id=session_id,
-                                     probe_context=probe_context)
+                                     probe_context=probe_context, args=args)
 
     def _read(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -309,18 +360,29 @@ class SessionDB:
             return int(row[0])
 
         self._leases.pop(session_id, None)
+        self._lease_seen_at.pop(session_id, None)
         epoch = self._execute_write(bump)
         self._leases[session_id] = epoch
         return epoch
 
     def _check_lease(self, conn: sqlite3.Connection, session_id: str) -> None:
-        row = conn.execute("SELECT lease_epoch, lease_owner FROM sessions WHERE id = ?",
-                           (session_id,)).fetchone()
+        """Raise LeaseLostError unless this process still holds `session_id`'s epoch (in a transaction).
+
+        `_transaction` runs the same check inline for every write of a leased session.
+        """
+        row = conn.execute(_LEASE_SQL, (session_id,)).fetchone()
         held = self._leases[session_id]
         if row is None or row[0] != held:
-            raise LeaseLostError(
-                f"lease lost: session {session_id!r} was taken over by {row[1] if row else '?'} "
-                f"(epoch {row[0] if row else '?'}, ours {held}); this worker must stop writing")
+            self._lease_lost(session_id, row, held)
+
+    @staticmethod
+    def _lease_lost(session_id: str, row: Any, held: int) -> None:
+        if row is None:  # deleted, not taken over: say so (hermes.persistence_failure names it)
+            raise sqlite3.IntegrityError(f"session {session_id!r}: its session row is missing (deleted by "
+                                         "another process); this worker must stop writing")
+        raise LeaseLostError(
+            f"lease lost: session {session_id!r} was taken over by {row[1] if row else '?'} "
+            f"(epoch {row[0] if row else '?'}, ours {held}); this worker must stop writing")
 
     # ---------------------------------------------------------------- sessions
     def create_session(self, session_id: str, source: str = "cli", model: str | None = None,
@@ -357,13 +419,24 @@ class SessionDB:
         return json.loads(text)
 
     def _row_values(self, msg: dict[str, Any]) -> tuple[Any, ...]:
+        """(role, content, content_kind, tool_calls, tool_call_id, name, extra) as stored."""
         content = msg.get("content")
+        if content is None:
+            stored, kind = None, "text"
+        elif content.__class__ is str:  # the common case, inline: ASCII needs no scrubbing
+            stored, kind = content if content.isascii() else _scrub_text(content), "text"
+        else:
+            stored, kind = self._encode_content(content), self._content_kind(content)
+        extra = None
+        for k in msg:  # anything public beyond the columns goes to `extra` (rare)
+            if k not in _COLUMN_KEYS and not k.startswith("_"):
+                extra = {k: v for k, v in msg.items() if k not in _COLUMN_KEYS and not k.startswith("_")}
+                break
         tool_calls = msg.get("tool_calls")
-        extra = {k: v for k, v in msg.items() if k not in _COLUMN_KEYS and not k.startswith("_")}
         return (
             msg["role"],
-            self._encode_content(content),
-            self._content_kind(content),
+            stored,
+            kind,
             self._encode_content(tool_calls) if tool_calls else None,
             msg.get("tool_call_id"),
             msg.get("name"),
@@ -375,13 +448,13 @@ class SessionDB:
                              msgs: list[dict[str, Any]]) -> list[int]:
         """INSERT `msgs` in order inside the caller's transaction; returns their new row ids."""
         now = time.time()
+        # The transaction's own cursor when `conn` is ours (see _transaction); its lastrowid is
+        # read before anything else runs on it.
+        execute = self._cur.execute if conn is self._conn and self._cur is not None else conn.execute
         ids = []
         for msg in msgs:
-            cur = conn.execute(
-                "INSERT INTO messages (session_id, turn_id, role, content, content_kind, tool_calls, "
-                "tool_call_id, name, extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (session_id, msg.get("_turn_id"), *self._row_values(msg), now))
-            ids.append(int(cur.lastrowid))
+            ids.append(int(execute(_INSERT_MESSAGE_SQL,
+                                   (session_id, msg.get("_turn_id"), *self._row_values(msg), now)).lastrowid))
         return ids
 
     def _row_to_dict(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -416,11 +489,33 @@ class SessionDB:
         return [self.row_to_message(r) for r in self.get_messages(session_id)]
 
     def load_live_messages(self, session_id: str) -> list[dict[str, Any]]:
-        """Active rows as message dicts already stamped durable (for resuming a session)."""
+        """Active rows as message dicts already stamped durable (for resuming a session).
+
+        The same dicts as ``row_to_message(row)`` plus the three markers, for each row of
+        ``get_messages``, built in one pass over the raw tuples (a resume reads the whole
+        transcript, so the intermediate row dicts would cost more than the read).
+        """
+        with self._lock:
+            rows = self._retry_busy(lambda: self._conn.execute(
+                "SELECT id, turn_id, role, content, content_kind, tool_calls, tool_call_id, name, extra "
+                "FROM messages WHERE session_id = ? AND active = 1 ORDER BY id", (session_id,)).fetchall())
+        loads = json.loads
         out = []
-        for row in self.get_messages(session_id):
-            msg = self.row_to_message(row)
-            msg.update(_db_persisted=True, _row_id=row["id"], _turn_id=row["turn_id"])
+        for row_id, turn_id, role, content, kind, tool_calls, tool_call_id, name, extra in rows:
+            msg: dict[str, Any] = loads(extra) if extra else {}
+            msg["role"] = role
+            msg["content"] = content if content is None or kind == "text" else loads(content)
+            if tool_calls:
+                calls = loads(tool_calls)
+                if calls:
+                    msg["tool_calls"] = calls
+            if tool_call_id is not None:
+                msg["tool_call_id"] = tool_call_id
+            if name is not None:
+                msg["name"] = name
+            msg["_db_persisted"] = True
+            msg["_row_id"] = row_id
+            msg["_turn_id"] = turn_id
             out.append(msg)
         return out
 
@@ -461,39 +556,52 @@ class SessionDB:
         as 'running' in the same transaction. Nothing is stamped on the dicts here: the
         caller does that only after this returns, i.e. after COMMIT.
         """
-        no_adoption = object()
+        if self.readonly:
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+        with self._lock:  # what _execute_write does, without one more call on every flush
+            return self._transaction(self._conn, self._write_pending_txn, probe="flush", session_id=session_id,
+                                     probe_context=probe_context, args=(session_id, pending, start_turn))
 
-        def write(conn: sqlite3.Connection) -> list[tuple[int, Any]]:
-            if start_turn is not None:
-                self._start_turn_row(conn, session_id, start_turn, pending)
-            outcome: list[Any] = [None] * len(pending)
-            inserts: list[int] = []
-            for index, msg in enumerate(pending):
-                target = None
+    def _write_pending_txn(self, conn: sqlite3.Connection, session_id: str, pending: list[dict[str, Any]],
+                           start_turn: str | None) -> list[tuple[int, Any]]:
+        """The body of `write_pending`'s transaction: (row id, adopted content or None) per message."""
+        if start_turn is None:
+            for msg in pending:
                 if isinstance(msg.get("_row_id"), int):
-                    target = self._active_target(conn, session_id, msg["_row_id"])
-                if target is None:
-                    inserts.append(index)
-                    continue
-                row_id, stored, kind, _role = target
-                stored_content = self._decode_content(stored, kind)
-                if _is_blank(stored_content) and not _is_blank(msg.get("content")):
-                    conn.execute("UPDATE messages SET content = ?, content_kind = ? WHERE id = ?",
-                                 (self._encode_content(msg["content"]),
-                                  self._content_kind(msg["content"]), row_id))
-                    outcome[index] = (row_id, no_adoption)
-                elif _is_blank(stored_content):
-                    outcome[index] = (row_id, no_adoption)
-                else:
-                    outcome[index] = (row_id, stored_content)  # the durable row wins
+                    break
+            else:  # the usual flush: new messages only
+                return [(row_id, None) for row_id in self._insert_message_rows(conn, session_id, pending)]
+        if start_turn is not None:
+            self._start_turn_row(conn, session_id, start_turn, pending)
+        outcome: list[Any] = [None] * len(pending)
+        inserts: list[int] = []
+        for index, msg in enumerate(pending):
+            target = None
+            row_ref = msg.get("_row_id")
+            if isinstance(row_ref, int):
+                target = self._active_target(conn, session_id, row_ref)
+            if target is None:
+                inserts.append(index)
+                continue
+            row_id, stored, kind, _role = target
+            stored_content = self._decode_content(stored, kind)
+            if _is_blank(stored_content) and not _is_blank(msg.get("content")):
+                conn.execute("UPDATE messages SET content = ?, content_kind = ? WHERE id = ?",
+                             (self._encode_content(msg["content"]),
+                              self._content_kind(msg["content"]), row_id))
+                outcome[index] = (row_id, None)
+            elif _is_blank(stored_content):
+                outcome[index] = (row_id, None)
+            else:
+                # The durable row wins. Its content is never None here (None is blank).
+                outcome[index] = (row_id, stored_content)
+        if len(inserts) == len(pending):
+            new_ids = self._insert_message_rows(conn, session_id, pending)
+        else:
             new_ids = self._insert_message_rows(conn, session_id, [pending[i] for i in inserts])
-            for index, row_id in zip(inserts, new_ids):
-                outcome[index] = (row_id, no_adoption)
-            return outcome
-
-        results = self._execute_write(write, probe="flush", session_id=session_id,
-                                      probe_context=probe_context)
-        return [(rid, None if adopted is no_adoption else adopted) for rid, adopted in results]
+        for index, row_id in zip(inserts, new_ids):
+            outcome[index] = (row_id, None)
+        return outcome
 
     def archive_and_compact(self, session_id: str, compacted_messages: list[dict[str, Any]],
                             watermark: int | None = None) -> list[int]:
@@ -563,6 +671,107 @@ class SessionDB:
         return self._read("SELECT * FROM turns WHERE session_id = ? ORDER BY created_at, id",
                           (session_id,))
 
+    # ------------------------------------------------------------ daemon inbox
+    def submit_turn(self, session_id: str, turn_id: str, user_text: str, source: str = "inbox") -> bool:
+        """Queue a user turn, creating its session if needed, in one transaction.
+
+        Submitting the same turn id again with the same session and text is a no-op
+        (False); with anything else it is refused (ValueError), so a client may retry.
+        """
+        text = self._encode_content(user_text)
+
+        def write(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT session_id, user_text FROM turns WHERE id = ?", (turn_id,)).fetchone()
+            if row is not None:
+                if (row[0], row[1]) != (session_id, text):
+                    raise ValueError(f"turn id {turn_id!r} is already used by another submission")
+                return False
+            conn.execute("INSERT OR IGNORE INTO sessions (id, source, created_at) VALUES (?, ?, ?)",
+                         (session_id, source, time.time()))
+            conn.execute("INSERT INTO turns (id, session_id, state, user_text, created_at) "
+                         "VALUES (?, ?, 'queued', ?, ?)", (turn_id, session_id, text, time.time()))
+            return True
+
+        return self._execute_write(write)
+
+    def unfinished_turns(self) -> list[dict[str, Any]]:
+        """Queued and running turns in submission order (`seq`, the table's insertion rowid)."""
+        return self._read("SELECT rowid AS seq, * FROM turns WHERE state IN ('queued', 'running') ORDER BY rowid")
+
+    def next_turns(self) -> list[dict[str, Any]]:
+        """Per session, its oldest running turn and its oldest queued turn (`seq` = submission order)."""
+        return self._read(
+            "SELECT rowid AS seq, * FROM turns WHERE rowid IN ("
+            "SELECT min(rowid) FROM turns WHERE state = 'running' GROUP BY session_id UNION "
+            "SELECT min(rowid) FROM turns WHERE state = 'queued' GROUP BY session_id) ORDER BY rowid")
+
+    def count_turn_rows(self, session_id: str, turn_id: str) -> int:
+        """How many message rows the turn has written (originals, active or archived)."""
+        rows = self._read("SELECT count(*) AS n FROM messages WHERE session_id = ? AND turn_id = ? "
+                          "AND cloned_from IS NULL", (session_id, turn_id))
+        return int(rows[0]["n"])
+
+    def abandon_turn(self, turn_id: str, error: str, *, owner: str, unknown_result: str,
+                     not_run_result: str) -> bool:
+        """End an unfinished turn as 'failed' and leave its transcript well-formed.
+
+        First takes the session's lease (a new fencing epoch, so a straggling worker can
+        write nothing more). Then, in one transaction: a turn that never started gets its
+        user row (the question was asked; the record says so); each tool call of the
+        turn's trailing tool block left without a result gets one, `unknown_result` when
+        a dispatch intent shows it may have run, `not_run_result` when none does; and
+        the turn is marked failed with `error`. Rows already written are never changed.
+        Returns False when the turn is unknown or had already ended.
+        """
+        turn = self.get_turn(turn_id)
+        if turn is None or turn["state"] not in ("queued", "running"):
+            return False
+        session_id = turn["session_id"]
+        self.acquire_lease(session_id, owner)
+
+        def write(conn: sqlite3.Connection) -> bool:
+            state = conn.execute("SELECT state FROM turns WHERE id = ?", (turn_id,)).fetchone()
+            if state is None or state[0] not in ("queued", "running"):
+                return False
+            now = time.time()
+            msgs: list[dict[str, Any]] = []
+            if state[0] == "queued":
+                msgs.append({"role": "user", "content": self._decode_content(turn["user_text"], "text"),
+                             "_turn_id": turn_id})
+            else:
+                tail = conn.execute(
+                    "SELECT role, turn_id, tool_calls, tool_call_id FROM messages "
+                    "WHERE session_id = ? AND active = 1 ORDER BY id DESC", (session_id,))
+                answered: set[str] = set()
+                for role, row_turn, calls, call_id in tail.fetchall():
+                    if role == "tool":
+                        answered.add(call_id)
+                        continue
+                    if role == "assistant" and calls and row_turn == turn_id:
+                        for call in json.loads(calls):
+                            if call.get("id") in answered:
+                                continue
+                            answered.add(call.get("id"))
+                            dispatched = conn.execute(
+                                "SELECT 1 FROM tool_dispatches WHERE session_id = ? AND turn_id = ? "
+                                "AND tool_call_id = ? LIMIT 1", (session_id, turn_id, call.get("id"))).fetchone()
+                            msgs.append({"role": "tool", "name": (call.get("function") or {}).get("name"),
+                                         "tool_call_id": call.get("id"), "_turn_id": turn_id,
+                                         "content": unknown_result if dispatched else not_run_result})
+                    break
+            self._insert_message_rows(conn, session_id, msgs)
+            if state[0] == "queued":
+                conn.execute("UPDATE turns SET attempts = attempts + 1, started_at = ? WHERE id = ?",
+                             (now, turn_id))
+            conn.execute("UPDATE turns SET state = 'failed', error = ?, ended_at = ? WHERE id = ?",
+                         (error, now, turn_id))
+            return True
+
+        try:
+            return self._execute_write(write, session_id=session_id)
+        finally:
+            self._leases.pop(session_id, None)
+
     def running_turn(self, session_id: str) -> dict[str, Any] | None:
         """The session's interrupted turn, if any: started and neither done nor failed."""
         rows = self._read(
@@ -581,6 +790,10 @@ class SessionDB:
         now = time.time()
 
         def write(conn: sqlite3.Connection) -> list[int]:
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                # tool_dispatches has no foreign key: without this a deleted session's tool would run.
+                raise sqlite3.IntegrityError(f"session {session_id!r}: its session row is missing; "
+                                             "no tool call of it may be dispatched")
             attempts = []
             for i in intents:
                 attempt = conn.execute(

@@ -56,8 +56,34 @@ def fill_or_append_answer(messages: list[dict[str, Any]], text: str, turn_id: st
     return message
 
 
+def scrub_text(text: str) -> str:
+    """`text` as UTF-8 can carry it: surrogate halves paired up, a lone one replaced by U+FFFD.
+
+    The same rule the database applies when it stores text (README, "Content"), so the
+    model is sent exactly what the transcript keeps, and a request never fails to encode.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _scrubbed(value: Any) -> Any:
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, dict):
+        return {k: _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrubbed(v) for v in value]
+    return value
+
+
 def public_copy(message: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in message.items() if not k.startswith("_")}
+    """The message without private markers, its text scrubbed to storable UTF-8 (a new dict)."""
+    return {k: _scrubbed(v) for k, v in message.items() if not k.startswith("_")}
 
 
 def sanitize_api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -90,7 +116,7 @@ def sanitize_api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]
         block_ids = set()
         copy = public_copy(message)
         if role == "assistant" and message.get("tool_calls"):
-            calls = normalize_tool_calls(message["tool_calls"])
+            calls = _scrubbed(normalize_tool_calls(message["tool_calls"]))
             copy["tool_calls"] = calls
             for call in calls:
                 if call["id"] not in block_ids:

@@ -17,6 +17,7 @@ import json
 import random
 import shutil
 import signal
+import sqlite3
 import tempfile
 import threading
 import time
@@ -188,7 +189,8 @@ class CaseRunner:
         self._incarnations += 1
         inc = self._incarnations
         self._where[inc] = (turn_index, process)
-        proc = self.pool.spawn(args, incarnation=inc, on_message=self._on_message, on_log=self.on_log)
+        proc = self.pool.spawn(args, incarnation=inc, on_message=self._on_message, on_log=self.on_log,
+                               label=self.case.case_id)
         self.history.record("spawn", incarnation=inc, pid=proc.pid, create_time=proc.create_time, command=command,
                             turn_index=turn_index, turn_id=f"turn-{turn_index}", process=process,
                             kill_at=fault.point if fault else None, kill_mode=fault.kind if fault else None)
@@ -219,7 +221,12 @@ class CaseRunner:
             conn = self._readonly()
             if conn is None:
                 return None
-            row = conn.execute("SELECT state FROM turns WHERE id = ?", (f"turn-{turn_index}",)).fetchone()
+            try:
+                row = conn.execute("SELECT state FROM turns WHERE id = ?", (f"turn-{turn_index}",)).fetchone()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return None  # killed before the schema was committed: nothing has started
+                raise
         return row[0] if row else None
 
     def _take_over_while_paused(self, old: WorkerProcess, turn_index: int, process: int) -> int:

@@ -20,6 +20,7 @@ from typing import NoReturn, Sequence
 from hermes.probes import POINTS
 from supervisor.campaign import MODES, Campaign, CampaignConfig, summarize
 from supervisor.checker import check_structure
+from supervisor.logs import MergedLog
 from supervisor.report import table, write_reports
 from supervisor.scenarios import SCENARIOS
 
@@ -75,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start every worker as a fresh interpreter instead of forking a warm template")
     chaos.add_argument("--report", type=Path, default=None, metavar="DIR")
     chaos.add_argument("--workdir", type=Path, default=None, help="keep case directories here")
+    chaos.add_argument("--log", type=Path, default=None,
+                       help="merged worker log, JSON lines (default: DIR/workers.log with --report)")
     chaos.add_argument("--history", type=Path, default=None, help="stream the history to this JSONL file")
     chaos.add_argument("--list-points", action="store_true", help="print the kill points and exit")
     check = commands.add_parser("check", help="check the structural invariants of a database")
@@ -128,8 +131,15 @@ def run_chaos(args: argparse.Namespace) -> int:
         args.report.mkdir(mode=0o700, parents=True, exist_ok=True)
     progress, finish = _progress_printer()
     started = time.monotonic()
-    campaign = Campaign(config, progress=progress, history_path=args.history)
-    results = campaign.run()
+    log_path = args.log or (args.report / "workers.log" if args.report else None)
+    merged = MergedLog(log_path) if log_path else None
+    campaign = Campaign(config, progress=progress, history_path=args.history,
+                        log_sink=merged.on_log if merged else None)
+    try:
+        results = campaign.run()
+    finally:
+        if merged is not None:
+            merged.close()
     finish()
     wall = time.monotonic() - started
     summary = summarize(results)
@@ -146,6 +156,7 @@ def run_chaos(args: argparse.Namespace) -> int:
     if args.report is not None:
         write_reports(args.report, summary, results)
         print(f"report: {args.report / 'report.json'}")
+        print(f"report: {args.report / 'report.html'}")
     return EXIT_OK if summary["ok"] else EXIT_VIOLATIONS
 
 

@@ -45,6 +45,7 @@ class WorkerProcess:
     returncode: int | None = None
     exited: threading.Event = field(default_factory=threading.Event)
     killed_by: str | None = None
+    label: str | None = None  # what the worker is for (e.g. its case), for tagging its logs
 
     @property
     def signal(self) -> int | None:
@@ -155,8 +156,8 @@ class Pool:
         return popen.pid, popen.stderr, popen.wait
 
     def spawn(self, args: list[str], *, incarnation: int, on_message: MessageHandler,
-              on_log: LogHandler | None = None, on_exit: Callable[[WorkerProcess], None] | None = None
-              ) -> WorkerProcess:
+              on_log: LogHandler | None = None, on_exit: Callable[[WorkerProcess], None] | None = None,
+              label: str | None = None) -> WorkerProcess:
         ours, theirs = socket.socketpair()
         try:
             pid, stderr, wait = self._launch([*args, "--incarnation", str(incarnation)], theirs.fileno())
@@ -166,7 +167,7 @@ class Pool:
             create_time: float | None = psutil.Process(pid).create_time()
         except psutil.Error:
             create_time = None  # already gone; the reaper will say how it ended
-        proc = WorkerProcess(incarnation, Channel(ours), pid, create_time)
+        proc = WorkerProcess(incarnation, Channel(ours), pid, create_time, label=label)
         with self._lock:
             self._live[proc.pid] = proc
 

@@ -7,6 +7,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from supervisor.campaign import CaseResult, write_json
+from supervisor.html_report import write_html
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -72,3 +73,4 @@ def write_reports(directory: Path, summary: dict[str, Any], results: list[CaseRe
     write_json(directory / "report.json", dict(summary, results=[r.to_json() for r in results]))
     _private_file(directory / "junit.xml", junit(results))
     _private_file(directory / "report.md", markdown(summary))
+    write_html(directory, summary, results)

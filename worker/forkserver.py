@@ -15,6 +15,8 @@ descriptors attached: the worker's control socket and its stderr pipe. Reply:
 """
 from __future__ import annotations
 
+import gc
+import json
 import os
 import socket
 import sys
@@ -25,6 +27,64 @@ import hermes.resume  # noqa: F401
 import hermes.runner  # noqa: F401
 from worker import main as worker_main
 from worker.protocol import Channel, recv_with_fds
+
+_WARM_UP_REPLY = {
+    "id": "warm-up", "object": "chat.completion", "created": 0, "model": "warm-up",
+    "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None,
+        "tool_calls": [{"id": "call_warm", "type": "function",
+                        "function": {"name": "lookup", "arguments": "{\"key\": \"k\"}"}}]}}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+}
+
+
+def _warm_up_stream() -> bytes:
+    chunk = {"id": "warm-up", "object": "chat.completion.chunk", "created": 0, "model": "warm-up"}
+    events = [dict(chunk, choices=[{"index": 0, "delta": {"role": "assistant", "content": "warm"},
+                                    "finish_reason": None}]),
+              dict(chunk, choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}])]
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def warm_up() -> None:
+    """Do here, once, the work every worker would otherwise repeat after its fork.
+
+    The SDK imports its HTTP stack when the first client is built and its chat resources
+    and stream parser on the first request; a TLS context costs a CA-store load. So: build
+    the shared TLS context (worker.main.http_client), then run one plain and one streamed
+    model call through an in-memory transport (no socket, no thread, no database), and
+    import the codec getaddrinfo needs for a host name. Best effort: a failure here only
+    leaves the workers as slow as fresh ones.
+    """
+    try:
+        import encodings.idna  # noqa: F401  (socket.getaddrinfo encodes host names with it)
+
+        worker_main._parser()
+        shared = worker_main.http_client("http://127.0.0.1:9/v1", 60.0)
+        if shared is not None:
+            shared.close()
+        httpx = worker_main.sdk_http_module()
+
+        def reply(request):  # type: ignore[no-untyped-def]
+            if json.loads(request.content).get("stream"):
+                return httpx.Response(200, content=_warm_up_stream(),
+                                      headers={"content-type": "text/event-stream"})
+            return httpx.Response(200, json=_WARM_UP_REPLY)
+
+        for stream in (False, True):
+            client = openai.DefaultHttpxClient(transport=httpx.MockTransport(reply))
+            agent = hermes.runner.AIAgent(api_key="warm-up", base_url="http://127.0.0.1:9/v1", model="warm-up",
+                                          stream=stream, max_retries=0,
+                                          http_client=client)
+            agent._call_model([{"role": "user", "content": "warm up"}], None)
+            agent.client.close()
+    except Exception as exc:  # noqa: BLE001
+        print(f"worker.forkserver: warm-up skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
+    # What the template holds now lives as long as it does: keep it out of the children's
+    # garbage collections (each collection would otherwise walk, and so copy, those pages).
+    gc.collect()
+    gc.freeze()
+
 
 def _become_worker(argv: list[str], control_fd: int, stderr_fd: int, server: socket.socket) -> None:
     """In the grandchild: a session of its own, its own stdio, then the ordinary worker entry."""
@@ -94,4 +154,5 @@ if __name__ == "__main__":
     if len(sys.argv) != 2 or not sys.argv[1].isdigit():
         print("usage: python -m worker.forkserver FD", file=sys.stderr)
         sys.exit(2)
+    warm_up()
     sys.exit(serve(int(sys.argv[1])))

@@ -51,7 +51,10 @@ class Ledger:
                                          timeout=10.0)
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute("PRAGMA synchronous = FULL")
-            self._write(lambda c: [c.execute(s) for s in _SCHEMA])
+            present = self._conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('executions', 'kv')").fetchone()[0]
+            if present < 2:  # a new ledger (or one left half-made): create what is missing, in one transaction
+                self._write(lambda c: [c.execute(s) for s in _SCHEMA])
 
     def _write(self, fn: Any) -> Any:
         self._conn.execute("BEGIN IMMEDIATE")

@@ -74,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_PARSER: argparse.ArgumentParser | None = None
+
+
+def _parser() -> argparse.ArgumentParser:
+    """`build_parser()`, built once per process (argparse's message lookups touch the file
+    system; a fork-server template builds it before forking, see worker.forkserver)."""
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = build_parser()
+    return _PARSER
+
+
 def _validate(args: argparse.Namespace) -> KillPlan | None:
     if not args.base_url.startswith(("http://", "https://")):
         raise UsageError(f"--base-url {args.base_url!r} is not an http(s) URL")
@@ -153,6 +165,9 @@ def _open_db(args: argparse.Namespace) -> SessionDB:
         db = SessionDB(args.db, synchronous=args.synchronous, busy_budget_s=args.busy_budget)
     except StorageError as exc:
         raise UsageError(str(exc)) from None
+    except sqlite3.Error as exc:  # SQLite could not even open it, e.g. in a read-only directory
+        failure = _storage_failure(args, exc)
+        raise UsageError(f"{failure['failure_reason']}: {failure['error']}") from None
     if args.command == "resume" and db.get_session(args.session) is None:
         db.close()
         raise UsageError(f"session {args.session!r} is not in {args.db}")
@@ -169,7 +184,7 @@ def _compact(agent: AIAgent, max_rows: int) -> None:
 
 def _storage_failure(args: argparse.Namespace, exc: Exception) -> dict[str, Any]:
     """The outcome of a worker that could not even claim its session (e.g. the database is locked)."""
-    cause = persistence_failure.classify(exc)
+    cause = persistence_failure.classify(exc, args.db)
     detail = None if cause == "locked" else str(exc)
     return {"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
             "final_response": None, "turn_exit_reason": PERSISTENCE_FAILED,
@@ -192,6 +207,37 @@ def _finished_turn(db: SessionDB, turn_id: str | None) -> dict[str, Any] | None:
     return out
 
 
+_TLS_CONTEXT: Any = None
+
+
+def sdk_http_module() -> Any:
+    """The HTTP library the OpenAI SDK is built on (httpx, or httpx2 in newer SDKs)."""
+    import openai
+
+    client = next(c for c in openai.DefaultHttpxClient.__mro__ if c.__name__ == "Client")
+    return sys.modules[client.__module__.partition(".")[0]]
+
+
+def http_client(base_url: str, timeout: float) -> Any:
+    """An HTTP client for the SDK with the SDK's own defaults, on this process's one TLS context.
+
+    The SDK would build a client per agent, loading the CA store each time (~30 ms). Here the
+    context is built once per process with the same defaults; a fork-server template builds it
+    before forking, so its workers share it. None if the SDK has no such hook (it then builds
+    its own client, as before).
+    """
+    global _TLS_CONTEXT
+    try:
+        import openai
+
+        if _TLS_CONTEXT is None:
+            _TLS_CONTEXT = sdk_http_module().create_ssl_context()
+        return openai.DefaultHttpxClient(base_url=base_url, timeout=timeout, verify=_TLS_CONTEXT)
+    except Exception as exc:  # an SDK without DefaultHttpxClient/create_ssl_context
+        log.debug("no shared HTTP client (%s); the SDK builds its own", exc)
+        return None
+
+
 def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink | None) -> AIAgent:
     toolsets = [t.strip() for t in args.tools.split(",") if t.strip()]
     agent_ref: list[AIAgent] = []
@@ -211,7 +257,8 @@ def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink |
                         interim_assistant_callback=lambda text, already_streamed=False: project(
                             "interim", text=text),
                         tool_complete_callback=lambda call_id, name, _args, content: project(
-                            "tool_complete", tool_call_id=call_id, tool=name, content=content))
+                            "tool_complete", tool_call_id=call_id, tool=name, content=content),
+                        http_client=http_client(args.base_url, args.timeout))
     except ValueError as exc:  # e.g. an unknown toolset
         raise UsageError(str(exc)) from None
     agent.session_source = "worker"
@@ -247,6 +294,7 @@ def execute(args: argparse.Namespace, plan: KillPlan | None, die_with_parent: bo
                      "session": args.session, "command": args.command, "started": time.time()})
     probes.install(ProbeWiring(link, plan))
 
+    log.info("%s started for session %s", args.command, args.session)
     db = _open_db(args)
     ledger = Ledger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
     chaos_tools.install(ledger, (lambda effect: link.request(dict(effect, type="effect"))) if link else None)
@@ -257,6 +305,7 @@ def execute(args: argparse.Namespace, plan: KillPlan | None, die_with_parent: bo
         out = _storage_failure(args, exc)
     else:
         out = _run_command(args, db, _build_agent(args, db, link))
+    log.info("%s finished: %s %s", args.command, out["outcome"], out.get("failure_reason") or "")
     print(json.dumps(out, ensure_ascii=False), flush=True)
     if link is not None:
         link.finished = True
@@ -270,7 +319,7 @@ def main(argv: Sequence[str] | None = None, *, die_with_parent: bool = True) -> 
     """The worker entry. A fork-server child passes die_with_parent=False: its parent at that
     instant is a short-lived intermediate, and a closed control channel already stops it."""
     try:
-        args = build_parser().parse_args(argv)
+        args = _parser().parse_args(argv)
         plan = _validate(args)
         _setup_logging(args)
         return execute(args, plan, die_with_parent)

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Measure the README's figures and rewrite its marked block.
+
+    python scripts/readme_figures.py            # run, then rewrite the block in README.md
+    python scripts/readme_figures.py --print    # run, print the block, touch nothing
+    python scripts/readme_figures.py --check    # run, exit 1 if README.md's block differs
+    ... --no-bench                               # keep the README's bench part as it is
+
+The block sits between ``<!-- figures:begin -->`` and ``<!-- figures:end -->`` in README.md.
+It holds two parts:
+
+* chaos figures from the quick variant of the exhaustive campaign (two scenarios, run as
+  ``python -m supervisor chaos`` exactly as a user would): cases, kills injected, kill
+  points covered, violations (exact counts: the scripted model makes them deterministic),
+  and cases per second and wall time (timings);
+* the benchmark table printed by ``python scripts/bench.py --quick``, when that script
+  exists, or a line saying it is produced there.
+
+Every timing-dependent value of the chaos part is written with a leading ``~`` (``~5.02``),
+and only those: :func:`normalize` replaces them, so a check compares every count exactly
+and every timing by its shape. The bench part is all timings: a check compares its shape
+(:func:`bench_part_ok`). ``tests/test_readme_figures.py`` runs the campaign afresh and compares.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run as a file: `hermes` must import from this checkout
+README = REPO / "README.md"
+BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
+BENCH_MARK = "<!-- figures:bench -->"
+SCENARIOS = ("single-tool", "writes")
+JOBS = 2
+CHAOS_ARGS = ("chaos", "--mode", "exhaustive", *[a for s in SCENARIOS for a in ("--scenario", s)],
+              "--jobs", str(JOBS))
+BENCH_SCRIPT = REPO / "scripts" / "bench.py"
+BENCH_ARGS = ("--quick",)
+CAMPAIGN_TIMEOUT_S = 600.0
+BENCH_TIMEOUT_S = 1800.0
+TIMING = re.compile(r"~\d+(?:\.\d+)?")
+BENCH_ABSENT = ("Benchmarks: the bench table is produced by `scripts/bench.py` (`python scripts/bench.py --quick`); "
+                "that script did not exist when this block was generated.")
+
+
+# ---------------------------------------------------------------------------- running
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a child in its own session; on timeout kill its process group by the recorded pid."""
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(argv, -signal.SIGKILL, out, err + f"\ntimed out after {timeout:.0f}s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def chaos_figures(report_dir: Path | None = None) -> dict[str, Any]:
+    """Run the quick campaign; return its figures (raises RuntimeError if it wrote no report)."""
+    from hermes.probes import POINTS
+
+    with tempfile.TemporaryDirectory(prefix="readme-figures-") as tmp:
+        directory = Path(report_dir) if report_dir else Path(tmp) / "report"
+        done = _run([sys.executable, "-m", "supervisor", *CHAOS_ARGS, "--report", str(directory)], CAMPAIGN_TIMEOUT_S)
+        path = directory / "report.json"
+        if not path.exists():
+            raise RuntimeError(f"the campaign wrote no report (exit {done.returncode})\n{done.stdout[-3000:]}\n"
+                               f"{done.stderr[-3000:]}")
+        report = json.loads(path.read_text(encoding="utf-8"))
+    points = report["points"]
+    return {"cases": report["cases"], "kills": report["kills"],
+            "covered": sum(1 for p in POINTS if points.get(p, {}).get("hit")), "points": len(POINTS),
+            "violations": len(report["violations"]), "unfired": len(report["unfired"]),
+            "cycles_per_second": report.get("cycles_per_second"), "wall_seconds": report.get("wall_seconds"),
+            "exit": done.returncode}
+
+
+def bench_available() -> bool:
+    return BENCH_SCRIPT.is_file()
+
+
+def bench_part() -> str:
+    """The bench table as the README shows it, or a line saying where it comes from."""
+    if not bench_available():
+        return BENCH_ABSENT
+    done = _run([sys.executable, str(BENCH_SCRIPT), *BENCH_ARGS], BENCH_TIMEOUT_S)
+    if done.returncode != 0 or not done.stdout.strip():
+        return (f"Benchmarks: `python scripts/bench.py --quick` exited with status {done.returncode} when this block "
+                "was generated; the bench table is produced by `scripts/bench.py`.")
+    # Its output verbatim: every value in it is a timing, so a check compares only its shape.
+    return ("Benchmarks (`python scripts/bench.py --quick`; every value is a timing on the machine that generated "
+            f"this block):\n\n```text\n{done.stdout.strip()}\n```")
+
+
+# ---------------------------------------------------------------------------- the block
+def _timing(value: float | None, digits: int = 2) -> str:
+    return "~?" if value is None else f"~{value:.{digits}f}"
+
+
+def render_chaos(f: dict[str, Any]) -> str:
+    command = "hermes-supervisor " + " ".join(CHAOS_ARGS)
+    rows = [("cases (fault-free runs + one per kill)", str(f["cases"])),
+            ("kills injected (SIGKILL)", str(f["kills"])),
+            ("kill points covered", f"{f['covered']} of {f['points']}"),
+            ("violations", str(f["violations"])),
+            ("planned kills that never fired", str(f["unfired"])),
+            ("cycles per second (cases/s, wall clock)", _timing(f["cycles_per_second"])),
+            ("wall time (s)", _timing(f["wall_seconds"], 1))]
+    lines = ["The quick exhaustive chaos campaign, run as a user would run it:", "", "```sh", command, "```", "",
+             "Counts are exact (the scripted model makes them deterministic); values marked `~` are timings",
+             "on the machine that generated this block. Regenerate with `python scripts/readme_figures.py`.", "",
+             "| figure | value |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in rows]]
+    return "\n".join(lines)
+
+
+def render(chaos: dict[str, Any], bench: str) -> str:
+    return "\n".join([BEGIN, "<!-- generated by scripts/readme_figures.py: do not edit by hand -->",
+                      render_chaos(chaos), "", BENCH_MARK, bench, END])
+
+
+def read_block(text: str) -> str:
+    """The marked block of a README text, markers included (ValueError if it has none)."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"README has no {BEGIN} ... {END} block")
+    return text[start:end + len(END)]
+
+
+def split_block(block: str) -> tuple[str, str]:
+    """(chaos part, bench part) of a block."""
+    head, mark, tail = block.partition(BENCH_MARK)
+    if not mark:
+        raise ValueError(f"the figures block has no {BENCH_MARK} line")
+    return head, tail.removesuffix(END).strip("\n")
+
+
+def bench_part_ok(part: str) -> bool:
+    """Whether a block's bench part has the shape a run of this script gives it today."""
+    if not bench_available():
+        return part == BENCH_ABSENT
+    table = re.fullmatch(r"Benchmarks \(`python scripts/bench\.py --quick`;[^\n]*\n\n```text\n.+\n```", part, re.S)
+    failed = part.startswith("Benchmarks: `python scripts/bench.py --quick` exited with status")
+    return bool(table) or failed
+
+
+def normalize(text: str) -> str:
+    """The text with every timing value replaced by one placeholder: what a check compares."""
+    return TIMING.sub("~N", text)
+
+
+def replace_block(text: str, block: str) -> str:
+    current = read_block(text)
+    return text.replace(current, block, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--print", action="store_true", help="print the block, do not touch README.md")
+    action.add_argument("--check", action="store_true", help="exit 1 if README.md's block differs from a fresh run")
+    parser.add_argument("--no-bench", action="store_true", help="keep the README's bench part as it is")
+    args = parser.parse_args(argv)
+    text = README.read_text(encoding="utf-8")
+    chaos = chaos_figures()
+    if chaos["violations"] or chaos["unfired"]:
+        print(f"warning: the campaign did not pass (exit {chaos['exit']})", file=sys.stderr)
+    bench = split_block(read_block(text))[1] if args.no_bench else bench_part()
+    block = render(chaos, bench)
+    if args.print:
+        print(block)
+        return 0
+    if args.check:
+        current_chaos, current_bench = split_block(read_block(text))
+        same = normalize(current_chaos) == normalize(split_block(block)[0]) and bench_part_ok(current_bench)
+        print("README figures are current" if same else f"README figures differ from a fresh run:\n{block}")
+        return 0 if same else 1
+    README.write_text(replace_block(text, block), encoding="utf-8")
+    print(block)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

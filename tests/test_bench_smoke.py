@@ -1,0 +1,44 @@
+"""`scripts/bench.py --quick` runs to its end and prints its table. Nothing here is about speed:
+the figures depend on the machine and its load, and PASS/FAIL is the bench's own report."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 900
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_quick_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "bench.py"), "--quick", "--dir", str(tmp_path)],
+                            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pid = proc.pid  # its own session and process group, so the group id is this pid
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # by the recorded pid: the bench and its daemon
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        pytest.fail(f"bench --quick did not finish in {TIMEOUT_S}s; stderr tail: {err[-2000:]}")
+    assert proc.returncode == 0, f"exit {proc.returncode}; stderr tail: {err[-3000:]}"
+    lines = out.splitlines()
+    assert any(line.startswith("machine: ") and "sqlite" in line and "fs " in line for line in lines), out
+    header = next((line for line in lines if line.startswith("figure")), None)
+    assert header is not None and header.split() == ["figure", "value", "reference", "ratio", "target", "result"], out
+    rows = lines[lines.index(header) + 2:]
+    for name in ("flush 1 msg", "resume:", "recovery:", "campaign single-tool", "supervisor RSS"):
+        assert any(row.startswith(name) for row in rows), f"no {name!r} row in:\n{out}"
+    assert any(row.startswith(("daemon:", "upstream")) for row in rows), out
+    assert "error" not in " ".join(row.split("  ")[0] for row in rows), out  # no section crashed

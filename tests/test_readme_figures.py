@@ -1,0 +1,91 @@
+"""The README's measured figures are what scripts/readme_figures.py measures today.
+
+The chaos counts (cases, kills injected, kill points covered, violations, planned kills
+that never fired) must equal a fresh run's exactly; timings (`~`-marked values) must be
+there with the same shape; the bench part must have the shape this checkout gives it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("readme_figures", REPO / "scripts" / "readme_figures.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("readme_figures", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+figures = _load()
+
+
+def _readme_block() -> str:
+    return figures.read_block((REPO / "README.md").read_text(encoding="utf-8"))
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_the_readme_figures_match_a_fresh_quick_run(tmp_path: Path) -> None:
+    current_chaos, current_bench = figures.split_block(_readme_block())
+    fresh = figures.chaos_figures(tmp_path / "report")
+    assert fresh["exit"] == 0 and fresh["violations"] == 0, fresh
+    fresh_chaos, _ = figures.split_block(figures.render(fresh, figures.BENCH_ABSENT))
+    # Every timing is present, with its shape, in both; everything else is compared exactly.
+    assert len(figures.TIMING.findall(current_chaos)) == len(figures.TIMING.findall(fresh_chaos)) == 2
+    assert figures.normalize(current_chaos) == figures.normalize(fresh_chaos), (
+        "README.md's figures are stale: run `python scripts/readme_figures.py` and commit the block")
+    assert figures.bench_part_ok(current_bench), (
+        "README.md's bench part does not match this checkout (scripts/bench.py appeared or went away): "
+        "run `python scripts/readme_figures.py`")
+    # The campaign this ran also wrote the HTML report a person would open.
+    assert (tmp_path / "report" / "report.html").is_file()
+
+
+def test_the_block_sits_in_the_measured_section() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert text.count(figures.BEGIN) == text.count(figures.END) == 1
+    section = text[text.index("\n## Measured\n"):]
+    assert figures.BEGIN in section and not re.search(r"\n## ", section[1:section.index(figures.BEGIN)])
+
+
+def test_a_changed_count_is_caught_and_a_changed_timing_is_not() -> None:
+    base = {"cases": 59, "kills": 57, "covered": 15, "points": 18, "violations": 0, "unfired": 0,
+            "cycles_per_second": 5.02, "wall_seconds": 11.7, "exit": 0}
+    block = figures.render(base, figures.BENCH_ABSENT)
+    slower = figures.render(dict(base, cycles_per_second=1.5, wall_seconds=40.25), figures.BENCH_ABSENT)
+    assert block != slower and figures.normalize(block) == figures.normalize(slower)
+    for key, value in (("cases", 58), ("kills", 56), ("covered", 14), ("violations", 1), ("unfired", 2)):
+        changed = figures.render(dict(base, **{key: value}), figures.BENCH_ABSENT)
+        assert figures.normalize(changed) != figures.normalize(block), key
+    unmeasured = figures.render(dict(base, cycles_per_second=None), figures.BENCH_ABSENT)
+    assert figures.normalize(unmeasured) != figures.normalize(block), "a missing timing is not a timing"
+
+
+def test_rewriting_touches_only_the_block() -> None:
+    text = "# title\n\nintro ~1.5 s\n\n## Measured\n\n" + figures.BEGIN + "\nold\n" + figures.END + "\n\ntail\n"
+    new = figures.render({"cases": 3, "kills": 2, "covered": 2, "points": 18, "violations": 0, "unfired": 0,
+                          "cycles_per_second": 2.0, "wall_seconds": 1.5, "exit": 0}, figures.BENCH_ABSENT)
+    out = figures.replace_block(text, new)
+    assert out.startswith("# title\n\nintro ~1.5 s\n\n## Measured\n\n") and out.endswith("\n\ntail\n")
+    assert figures.read_block(out) == new
+    with pytest.raises(ValueError):
+        figures.read_block("# no block here\n")
+
+
+def test_the_bench_part_is_checked_by_shape() -> None:
+    table = ("Benchmarks (`python scripts/bench.py --quick`; every value is a timing on the machine that "
+             "generated this block):\n\n```text\nfigure  value\n------  -----\nflush   41.2 us\n```")
+    if figures.bench_available():
+        assert figures.bench_part_ok(table) and not figures.bench_part_ok(figures.BENCH_ABSENT)
+    else:
+        assert figures.bench_part_ok(figures.BENCH_ABSENT) and not figures.bench_part_ok(table)
