@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
 from hermes import probes
+from hermes.transcript import scrub_text
 
 SCHEMA_VERSION = 1
 DEFAULT_BUSY_BUDGET_S = 10.0
@@ -137,17 +138,6 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
     finally:
         recovering.close()
     return attempt()
-
-
-def _scrub_text(text: str) -> str:
-    """Make `text` storable as UTF-8: pair up surrogate halves, replace lone ones with U+FFFD."""
-    if text.isascii():  # the common case, answered without encoding a copy
-        return text
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _is_blank(content: Any) -> bool:
@@ -405,8 +395,8 @@ class SessionDB:
         if content is None:
             return None
         if isinstance(content, str):
-            return _scrub_text(content)
-        return _scrub_text(json.dumps(content, ensure_ascii=False))
+            return scrub_text(content)
+        return scrub_text(json.dumps(content, ensure_ascii=False))
 
     @staticmethod
     def _content_kind(content: Any) -> str:
@@ -424,7 +414,7 @@ class SessionDB:
         if content is None:
             stored, kind = None, "text"
         elif content.__class__ is str:  # the common case, inline: ASCII needs no scrubbing
-            stored, kind = content if content.isascii() else _scrub_text(content), "text"
+            stored, kind = content if content.isascii() else scrub_text(content), "text"
         else:
             stored, kind = self._encode_content(content), self._content_kind(content)
         extra = None

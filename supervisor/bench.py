@@ -806,6 +806,39 @@ def bench_daemon(report: Report, bench_dir: Path, turns: int, workers: int, sess
 
 
 # ---------------------------------------------------------------------------- memory
+class _tolerate_schemaless_state_db:
+    """While active, CaseRunner._turn_state reads a state.db without tables as "turn never started".
+
+    A timer kill can land inside a worker's first transaction (the schema's), leaving a
+    state.db with no tables; supervisor.campaign's _turn_state then raises "no such table:
+    turns" and the whole campaign stops (snapshot_rows already treats that file as empty).
+    The bench needs long random campaigns to finish, so it patches that one method, in its
+    own process only, and counts how often it mattered. The fix belongs in campaign.py.
+    """
+
+    def __enter__(self) -> list[int]:
+        from supervisor import campaign
+
+        self.campaign = campaign
+        self.original = original = campaign.CaseRunner._turn_state
+        hits = self.hits = [0]
+
+        def turn_state(runner: Any, turn_index: int) -> str | None:
+            try:
+                return original(runner, turn_index)
+            except sqlite3.OperationalError as exc:
+                if "no such table" not in str(exc):
+                    raise
+                hits[0] += 1
+                return None  # no schema was committed: the turn never started; run it again
+
+        campaign.CaseRunner._turn_state = turn_state  # type: ignore[method-assign]
+        return hits
+
+    def __exit__(self, *exc: object) -> None:
+        self.campaign.CaseRunner._turn_state = self.original  # type: ignore[method-assign]
+
+
 def bench_memory(report: Report, bench_dir: Path, runs: int, jobs: int, fork_samples: list[RecoverySample]) -> None:
     import psutil
 
@@ -832,7 +865,8 @@ def bench_memory(report: Report, bench_dir: Path, runs: int, jobs: int, fork_sam
     config = CampaignConfig(scenarios=sorted(SCENARIOS), mode="random", seed=0, runs=runs, jobs=jobs, workdir=work,
                             keep=False)
     try:
-        results, wall, _ = run_campaign(config, progress)
+        with _tolerate_schemaless_state_db() as schemaless:
+            results, wall, _ = run_campaign(config, progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     bad = sum(r.verdict.valid is not True for r in results)
@@ -841,7 +875,9 @@ def bench_memory(report: Report, bench_dir: Path, runs: int, jobs: int, fork_sam
                           rss["10%"], ratio=rss["100%"] / rss["10%"], target="<= 1.10x",
                           passed=rss["100%"] / rss["10%"] <= 1.10 and not bad,
                           note=(f"jobs={jobs}, {len(results)} cases in {wall:.0f}s ({len(results) / wall:.1f}/s), "
-                                f"{bad} not valid; RSS at 50%: {rss.get('50%', float('nan')):.1f} MiB")))
+                                f"{bad} not valid; RSS at 50%: {rss.get('50%', float('nan')):.1f} MiB; "
+                                f"{schemaless[0]} time(s) a timer kill left a state.db without its schema "
+                                "(see _tolerate_schemaless_state_db)")))
     else:
         report.add(Figure("supervisor RSS, random campaign", None, "MiB", note=f"progress marks missing: {rss}"))
     template_rss = _template_rss()

@@ -75,6 +75,7 @@ class CaseResult:
     # (turn, process, probe, n) of every probe hit, for enumerating further cases.
     trace: list[tuple[int, int, str, int]] = field(default_factory=list)
     fired: list[str] = field(default_factory=list)
+    reached: frozenset[str] = frozenset()  # probe names this case hit (kept when the trace is dropped)
 
     def to_json(self) -> dict[str, Any]:
         return {"case": self.case.case_id, "scenario": self.case.scenario,
@@ -277,7 +278,8 @@ class CaseRunner:
                 self._conn.close()
         trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events if e["type"] == "probe"]
         fired = [f"{e['name']}:{e['n']}" for e in events if e["type"] == "probe" and e.get("kill")]
-        return CaseResult(self.case, verdict, self.kills, restarts, time.monotonic() - started, trace, fired)
+        return CaseResult(self.case, verdict, self.kills, restarts, time.monotonic() - started, trace, fired,
+                          frozenset(name for (_t, _p, name, _n) in trace))
 
 
 def enumerate_cases(mode: str, scenario: str, baseline: CaseResult, config: CampaignConfig,
@@ -338,7 +340,9 @@ class Campaign:
         self.results: list[CaseResult] = []
         self.baselines: dict[str, CaseResult] = {}
 
-    def _run_cases(self, cases: list[Case], root: Path, base_url: str) -> list[CaseResult]:
+    def _run_cases(self, cases: list[Case], root: Path, base_url: str,
+                   keep_traces: bool = False) -> list[CaseResult]:
+        """Run `cases`; only summaries stay in memory (traces only where further cases derive from them)."""
         def one(case: Case) -> CaseResult:
             runner = CaseRunner(case, root, base_url, self.pool, self.history, self.config, self.log_sink)
             result = runner.run()
@@ -349,6 +353,10 @@ class Campaign:
                            dict(result.to_json(), events=runner.history.events))
             if not self.config.keep and result.verdict.valid is True:
                 shutil.rmtree(runner.dir, ignore_errors=True)
+            if not keep_traces:
+                result.trace = []
+            if result.verdict.valid is True:  # a pass needs no per-invariant detail in memory
+                result.verdict = Verdict(True, [], {}, result.verdict.name)
             mark = {True: "ok", False: "VIOLATION"}.get(result.verdict.valid, "unknown")  # type: ignore[arg-type]
             self.progress(f"{mark:9} {case.case_id} ({result.seconds:.2f}s, {result.kills} kills)")
             return result
@@ -366,7 +374,8 @@ class Campaign:
                 if config.case_ids:
                     self.results = self._run_cases([Case.parse(c) for c in config.case_ids], root, server.base_url)
                     return self.results
-                baselines = self._run_cases([Case(s.name) for s in scenarios], root, server.base_url)
+                baselines = self._run_cases([Case(s.name) for s in scenarios], root, server.base_url,
+                                            keep_traces=True)
                 self.baselines = {r.case.scenario: r for r in baselines}
                 cases = self._derive(root, server.base_url)
                 cases = [c for c in cases if in_shard(c, config.shard) and self._selected(c)]
@@ -395,7 +404,7 @@ class Campaign:
             firsts = [c for c in firsts if in_shard(c, config.shard) and self._selected(c)]
             if config.limit is not None:
                 firsts = firsts[: config.limit]
-            recoveries = self._run_cases(firsts, root, base_url)
+            recoveries = self._run_cases(firsts, root, base_url, keep_traces=True)
             self.results.extend(recoveries)
             by_scenario: dict[str, dict[str, CaseResult]] = {}
             for result in recoveries:
@@ -413,7 +422,7 @@ def summarize(results: list[CaseResult]) -> dict[str, Any]:
     violations = []
     seen_in_trace: set[str] = set()
     for result in results:
-        seen_in_trace.update(name for (_t, _p, name, _n) in result.trace)
+        seen_in_trace.update(result.reached)
         fault = result.case.fault
         targeted = []
         while fault is not None:

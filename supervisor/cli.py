@@ -3,6 +3,8 @@
     hermes-supervisor chaos [--mode exhaustive|double|random|pause] [--scenario NAME ...] [--jobs N]
                             [--shard I/N] [--seed S --runs N] [--report DIR] [--case ID] [--list-points]
     hermes-supervisor check --db PATH [--session ID]
+    hermes-supervisor serve|submit|status|result ...   (the daemon; see --help of each)
+    hermes-supervisor bench [--quick]
 
 Exit status: 0 pass, 1 violations (or a planned kill that never fired), 2 usage.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import NoReturn, Sequence
 
 from hermes.probes import POINTS
+from supervisor import bench, daemon_cli
 from supervisor.campaign import MODES, Campaign, CampaignConfig, summarize
 from supervisor.checker import check_structure
 from supervisor.logs import MergedLog
@@ -83,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="check the structural invariants of a database")
     check.add_argument("--db", type=Path, required=True)
     check.add_argument("--session", default=None)
+    daemon_cli.add_commands(commands)
+    bench.add_command(commands)
     return parser
 
 
@@ -179,7 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "chaos":
             return run_chaos(args)
-        return run_check(args)
+        if args.command == "check":
+            return run_check(args)
+        if args.command == "bench":
+            return bench.run(args)
+        return daemon_cli.run(args)
     except UsageError as exc:
         print(f"hermes-supervisor: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -78,7 +78,7 @@ def _valid(case: dict[str, Any]) -> Any:
 
 def case_entry(result: CaseResult) -> dict[str, Any]:
     """What the page needs of a CaseResult: its report.json entry and the probes its run reached."""
-    return dict(result.to_json(), reached=sorted({name for (_t, _p, name, _n) in result.trace}))
+    return dict(result.to_json(), reached=sorted(result.reached))
 
 
 def witness_rows(witness: Any) -> list[int]:
