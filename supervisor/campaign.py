@@ -102,6 +102,7 @@ class CampaignConfig:
     forkserver: bool = True
     case_files: Path | None = None  # when set, each case's result and history is written here as JSON
     probes: tuple[str, ...] = ()  # only derive cases whose first fault is at one of these probes
+    target: str = "hermes"  # the agent under test: "hermes" (ours) or "hermes-agent" (upstream, worker.upstream)
 
 
 class CaseRunner:
@@ -183,6 +184,8 @@ class CaseRunner:
         args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", self.base_url,
                 "--model", MODEL, "--ledger", str(self.ledger), "--timeout", "20", "--busy-budget", "2",
                 *self.scenario.extra_args(command)]
+        if self.config.target != "hermes":
+            args += ["--target", self.config.target]
         if command == "run":
             args += ["--message", turn.message, "--turn-id", f"turn-{turn_index}"]
         if fault is not None:
@@ -222,6 +225,12 @@ class CaseRunner:
             conn = self._readonly()
             if conn is None:
                 return None
+            if self.config.target == "hermes-agent":  # upstream's schema has no turns table
+                from supervisor import upstream_schema
+                try:
+                    return upstream_schema.turn_state(conn, SESSION, f"turn-{turn_index}")
+                except sqlite3.OperationalError:
+                    return None  # no schema yet
             try:
                 row = conn.execute("SELECT state FROM turns WHERE id = ?", (f"turn-{turn_index}",)).fetchone()
             except sqlite3.OperationalError as exc:
@@ -334,7 +343,8 @@ class Campaign:
                  ) -> None:
         self.config = config
         self.progress = progress or (lambda line: None)
-        self.pool = Pool(forkserver=config.forkserver)
+        # The fork-server template preloads our runtime; upstream workers start as fresh interpreters.
+        self.pool = Pool(forkserver=config.forkserver and config.target == "hermes")
         self.history = HistoryWriter(history_path) if history_path else None
         self.log_sink = log_sink
         self.results: list[CaseResult] = []

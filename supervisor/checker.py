@@ -153,6 +153,12 @@ def load_durable(db_path: Path, session_id: str | None = None) -> Durable:
     path = Path(db_path)
     if not path.exists():
         return Durable(path, missing=True)
+    from supervisor import upstream_schema
+    if upstream_schema.is_upstream(path):  # upstream hermes-agent's schema (--target hermes-agent)
+        try:
+            return Durable(path, *upstream_schema.read(path, session_id), [])
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            return Durable(path, error=str(exc))
     try:
         db = SessionDB(path, readonly=True)
     except (StorageError, sqlite3.DatabaseError) as exc:

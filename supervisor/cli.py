@@ -21,6 +21,7 @@ from typing import NoReturn, Sequence
 
 from hermes.probes import POINTS
 from supervisor import bench, daemon_cli
+from supervisor.argtypes import positive_int
 from supervisor.campaign import MODES, Campaign, CampaignConfig, summarize
 from supervisor.checker import check_structure
 from supervisor.logs import MergedLog
@@ -49,16 +50,6 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hermes-supervisor", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -66,14 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--mode", choices=MODES, default="exhaustive")
     chaos.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), default=None,
                        help="repeatable; default: all")
-    chaos.add_argument("--jobs", type=_positive, default=2)
+    chaos.add_argument("--jobs", type=positive_int, default=2)
     chaos.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N")
     chaos.add_argument("--seed", type=int, default=0)
-    chaos.add_argument("--runs", type=_positive, default=50)
+    chaos.add_argument("--runs", type=positive_int, default=50)
     chaos.add_argument("--kill-mode", choices=("self", "external", "both"), default="self")
     chaos.add_argument("--probe", action="append", choices=POINTS, default=None,
                        help="only kill at this probe (repeatable); default: every probe")
-    chaos.add_argument("--limit", type=_positive, default=None, help="run at most this many derived cases")
+    chaos.add_argument("--limit", type=positive_int, default=None, help="run at most this many derived cases")
     chaos.add_argument("--case", action="append", default=None, metavar="ID", help="rerun exactly this case")
     chaos.add_argument("--no-forkserver", action="store_true",
                        help="start every worker as a fresh interpreter instead of forking a warm template")
@@ -83,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="merged worker log, JSON lines (default: DIR/workers.log with --report)")
     chaos.add_argument("--history", type=Path, default=None, help="stream the history to this JSONL file")
     chaos.add_argument("--list-points", action="store_true", help="print the kill points and exit")
+    chaos.add_argument("--target", choices=("hermes", "hermes-agent"), default="hermes",
+                       help="the agent under test: ours (default) or upstream hermes-agent "
+                            "(pip install 'hermes-supervisor[upstream]')")
     check = commands.add_parser("check", help="check the structural invariants of a database")
     check.add_argument("--db", type=Path, required=True)
     check.add_argument("--session", default=None)
@@ -125,7 +119,12 @@ def run_chaos(args: argparse.Namespace) -> int:
                             shard=args.shard, kill_modes=kill_modes, workdir=args.workdir,
                             keep=args.workdir is not None, limit=args.limit, case_ids=tuple(args.case or ()),
                             probes=tuple(args.probe or ()), forkserver=not args.no_forkserver,
-                            case_files=args.report / "cases" if args.report else None)
+                            case_files=args.report / "cases" if args.report else None,
+                            target=args.target)
+    if args.target == "hermes-agent":
+        from worker import upstream
+        if not upstream.available():
+            raise UsageError(upstream.INSTALL_HINT)
     try:
         for case_id in config.case_ids:
             from supervisor.campaign import Case
@@ -155,6 +154,8 @@ def run_chaos(args: argparse.Namespace) -> int:
     summary.update(wall_seconds=round(wall, 2), cycles_per_second=round(len(results) / wall, 2) if wall else None,
                    unreached=unreached, ok=summary["ok"] and not unreached)
     print(table(summary))
+    if config.target != "hermes":
+        print(f"target {config.target}: add --target {config.target} to every repro command above")
     if unreached:
         print(f"kill points never reached by any scenario: {', '.join(unreached)}")
     print(f"wall {wall:.1f}s, {summary['cycles_per_second']} cases/s")

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
+from supervisor.argtypes import positive_int, seconds
+
 PROG = "hermes-supervisor"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FINISHED, EXIT_UNKNOWN = 0, 1, 2, 3, 4
 COMMANDS = ("serve", "submit", "status", "result")
@@ -40,44 +42,24 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds, at least 0")
-    return value
-
-
 def add_commands(subparsers: Any) -> None:
     """Add serve, submit, status and result to `subparsers` (its parser_class is used)."""
     serve = subparsers.add_parser("serve", help="run the daemon in the foreground: work through the inbox")
     serve.add_argument("--db", type=Path, required=True, metavar="PATH", help="the session database (created if missing)")
-    serve.add_argument("--workers", type=_positive_int, default=4, metavar="N", help="worker processes at once (default 4)")
+    serve.add_argument("--workers", type=positive_int, default=4, metavar="N", help="worker processes at once (default 4)")
     serve.add_argument("--base-url", default=None, metavar="URL",
                        help="OpenAI-compatible endpoint; default: a built-in scripted model on 127.0.0.1")
     serve.add_argument("--model", default=None, metavar="NAME", help="model name (required with --base-url)")
-    serve.add_argument("--drain-seconds", type=_seconds, default=30.0, metavar="SECONDS",
+    serve.add_argument("--drain-seconds", type=seconds, default=30.0, metavar="SECONDS",
                        help="on SIGTERM/SIGINT, how long running turns may take to end (default 30)")
-    serve.add_argument("--crash-limit", type=_positive_int, default=5, metavar="K",
+    serve.add_argument("--crash-limit", type=positive_int, default=5, metavar="K",
                        help="fail a turn after K attempts in a row that added no durable row (default 5)")
-    serve.add_argument("--backoff-base", type=_seconds, default=0.25, metavar="SECONDS",
+    serve.add_argument("--backoff-base", type=seconds, default=0.25, metavar="SECONDS",
                        help="first restart delay of a turn's worker; doubles per death without progress")
-    serve.add_argument("--backoff-max", type=_seconds, default=30.0, metavar="SECONDS", help="restart delay cap")
-    serve.add_argument("--turn-timeout", type=_seconds, default=900.0, metavar="SECONDS",
+    serve.add_argument("--backoff-max", type=seconds, default=30.0, metavar="SECONDS", help="restart delay cap")
+    serve.add_argument("--turn-timeout", type=seconds, default=900.0, metavar="SECONDS",
                        help="kill a worker whose turn runs longer (counts as a crash; default 900)")
-    serve.add_argument("--request-timeout", type=_seconds, default=60.0, metavar="SECONDS",
+    serve.add_argument("--request-timeout", type=seconds, default=60.0, metavar="SECONDS",
                        help="the workers' model request timeout (default 60)")
     serve.add_argument("--json-logs", action="store_true", help="log JSON lines")
     serve.add_argument("--log-file", type=Path, default=None, metavar="PATH", help="log here instead of stderr (SIGHUP reopens)")
@@ -104,7 +86,7 @@ def add_commands(subparsers: Any) -> None:
     result.add_argument("--db", type=Path, required=True, metavar="PATH")
     result.add_argument("turn", metavar="TURN", help="a turn id, as submit printed it")
     result.add_argument("--wait", action="store_true", help="wait until the turn ends")
-    result.add_argument("--timeout", type=_seconds, default=300.0, metavar="SECONDS",
+    result.add_argument("--timeout", type=seconds, default=300.0, metavar="SECONDS",
                         help="with --wait: give up after this long (default 300; 0 = forever)")
     result.add_argument("--json", action="store_true")
     result.set_defaults(daemon_command="result")

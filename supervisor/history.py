@@ -186,6 +186,9 @@ def snapshot_rows(db_path: Path) -> dict[int, dict[str, Any]]:
     db_path = Path(db_path)
     if not db_path.exists():
         return {}
+    from supervisor import upstream_schema
+    if upstream_schema.is_upstream(db_path):  # upstream hermes-agent's schema
+        return {int(r["id"]): summarize_row(r) for r in upstream_schema.read(db_path)[1]}
     try:
         db = SessionDB(db_path, readonly=True)
     except StorageError:

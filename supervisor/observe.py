@@ -22,6 +22,12 @@ def open_readonly(db_path: Path) -> sqlite3.Connection | None:
     return conn
 
 
+def _upstream(conn: sqlite3.Connection) -> bool:
+    """True when `conn` holds upstream hermes-agent's schema (messages without turn_id)."""
+    cols = {r[1] for r in conn.execute("PRAGMA table_info(messages)").fetchall()}
+    return bool(cols) and "turn_id" not in cols
+
+
 def _assistant_rows_with_call(conn: sqlite3.Connection, session: str, tool_call_id: str) -> list[int]:
     rows = conn.execute(
         "SELECT id, tool_calls FROM messages WHERE session_id = ? AND active = 1 AND role = 'assistant' "
@@ -34,7 +40,13 @@ def ui_durability(conn: sqlite3.Connection | None, event: dict[str, Any]) -> tup
     if conn is None:
         return False, {"reason": "no database file yet"}
     session, turn = event.get("session"), event.get("turn")
-    if event.get("kind") == "interim":
+    if event.get("kind") == "interim" and _upstream(conn):  # no turn_id column: derive it
+        from supervisor.upstream_schema import turn_of_rows
+        turns = turn_of_rows(conn, session)
+        rows = [r for r in conn.execute(
+            "SELECT id FROM messages WHERE session_id = ? AND active = 1 AND role = 'assistant' AND content = ?",
+            (session, event.get("text"))).fetchall() if turns.get(r[0]) == turn]
+    elif event.get("kind") == "interim":
         rows = conn.execute(
             "SELECT id FROM messages WHERE session_id = ? AND turn_id IS ? AND active = 1 AND role = 'assistant' "
             "AND content = ?", (session, turn, event.get("text"))).fetchall()
@@ -52,7 +64,7 @@ def effect_durability(conn: sqlite3.Connection | None, event: dict[str, Any]) ->
         return False, False, {"reason": "no database file yet"}
     session, call_id = event.get("session"), event.get("tool_call_id")
     assistant_ids = _assistant_rows_with_call(conn, session, call_id)
-    intents = conn.execute(
+    intents = [] if _upstream(conn) else conn.execute(  # upstream records no dispatch intents
         "SELECT attempt FROM tool_dispatches WHERE session_id = ? AND turn_id IS ? AND tool_call_id = ?",
         (session, event.get("turn"), call_id)).fetchall()
     return bool(assistant_ids), bool(intents), {"assistant_row_ids": assistant_ids,

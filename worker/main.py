@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="model request timeout")
         sub.add_argument("--max-retries", type=int, default=2)
         sub.add_argument("--system-prompt", default=None)
+        sub.add_argument("--target", default="hermes", choices=("hermes", "hermes-agent"),
+                         help="the agent under test: ours (default) or upstream's hermes-agent (worker.upstream)")
         if name == "run":
             sub.add_argument("--message", required=True)
             sub.add_argument("--turn-id", default=None, help="run this queued turn (default: a new turn)")
@@ -294,8 +296,10 @@ def execute(args: argparse.Namespace, plan: KillPlan | None, die_with_parent: bo
                      "session": args.session, "command": args.command, "started": time.time()})
     probes.install(ProbeWiring(link, plan))
 
-    log.info("%s started for session %s", args.command, args.session)
+    if getattr(args, "target", "hermes") == "hermes-agent":
+        return _execute_upstream(args, link)
     db = _open_db(args)
+    log.info("%s started for session %s", args.command, args.session)
     ledger = Ledger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
     chaos_tools.install(ledger, (lambda effect: link.request(dict(effect, type="effect"))) if link else None)
     try:
@@ -312,6 +316,27 @@ def execute(args: argparse.Namespace, plan: KillPlan | None, die_with_parent: bo
         link.report({"type": "outcome", "result": out})
     db.close()
     ledger.close()
+    return EXIT_OK if out["outcome"] in ("completed", "nothing to resume") else EXIT_TURN_FAILED
+
+
+def _execute_upstream(args: argparse.Namespace, link: SupervisorLink | None) -> int:
+    """The same run/resume, with upstream Hermes (PyPI hermes-agent) as the agent: see worker.upstream."""
+    from worker import upstream
+
+    try:
+        upstream.require()
+    except upstream.UpstreamMissing as exc:
+        raise UsageError(str(exc)) from None
+    ledger = Ledger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
+    try:
+        out = upstream.execute(args, link, ledger)
+    finally:
+        ledger.close()
+    log.info("%s finished: %s %s", args.command, out["outcome"], out.get("failure_reason") or "")
+    print(json.dumps(out, ensure_ascii=False, default=str), flush=True)
+    if link is not None:
+        link.finished = True
+        link.report({"type": "outcome", "result": out})
     return EXIT_OK if out["outcome"] in ("completed", "nothing to resume") else EXIT_TURN_FAILED
 
 

@@ -1,0 +1,132 @@
+"""Upstream Hermes's state.db (PyPI `hermes-agent`), read into the rows the checker judges.
+
+Upstream's `messages` table has no turn ids, no `cloned_from`, and there is no `turns`
+or `tool_dispatches` table. This module reads its tables through a read-only connection
+(it never imports upstream) and derives what ours stores explicitly:
+
+- a row's turn is `turn-<k>`, where k counts the user rows before it (the campaign runs
+  turn k as the k-th user message, so the ids match the worker's);
+- a turn is `done` when an assistant row with text and no tool calls follows its user
+  row before the next one, else `running` (upstream keeps no turn state; an unfinished
+  turn looks the same as one still in progress);
+- there are no dispatch intents (upstream records none).
+
+`is_upstream(path)` tells the two schemas apart by the columns of `messages`.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from hermes.state import connect_readonly
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in conn.execute(f"PRAGMA table_info({table})").fetchall()}
+
+
+def is_upstream(path: Path) -> bool:
+    """True when `path` is a database in upstream Hermes's schema (messages.timestamp, no turn_id)."""
+    path = Path(path)
+    if not path.exists():
+        return False
+    try:
+        conn = connect_readonly(path)
+    except sqlite3.Error:
+        return False
+    try:
+        cols = _columns(conn, "messages")
+        return "timestamp" in cols and "turn_id" not in cols
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
+def _json(text: Any) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def assign_turns(rows: list[tuple[Any, ...]]) -> list[int]:
+    """The turn index of each (role, content, tool_calls) row, in id order.
+
+    A user row starts the next turn, except a user row that repeats the text of the
+    previous turn while that turn has no final answer: that is the interrupted message
+    taken again after a restart (how the worker resumes upstream), the same turn.
+    """
+    out: list[int] = []
+    k, text, answered = -1, None, False
+    for role, content, calls in rows:
+        if role == "user" and not (k >= 0 and not answered and content == text):
+            k, text, answered = k + 1, content, False
+        elif role == "assistant" and not calls and isinstance(content, str) and content.strip():
+            answered = True
+        out.append(k)
+    return out
+
+
+def read(path: Path, session_id: str | None = None) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(sessions, rows, turns) of an upstream database, rows in the shape of `SessionDB.get_messages`."""
+    conn = connect_readonly(Path(path))
+    conn.execute("PRAGMA busy_timeout = 2000")
+    try:
+        sessions = [r[0] for r in conn.execute("SELECT id FROM sessions ORDER BY started_at, id")]
+        if session_id is not None:
+            sessions = [s for s in sessions if s == session_id]
+        cols = _columns(conn, "messages")
+        active = "active" if "active" in cols else "1"
+        rows: list[dict[str, Any]] = []
+        turns: list[dict[str, Any]] = []
+        for session in sessions:
+            raw = conn.execute(f"SELECT id, role, content, tool_call_id, tool_calls, tool_name, timestamp, {active} "
+                               "FROM messages WHERE session_id = ? ORDER BY id", (session,)).fetchall()
+            decoded = [_json(r[4]) or None for r in raw]
+            ks = assign_turns([(r[1], r[2], calls) for r, calls in zip(raw, decoded)])
+            by_turn: dict[int, dict[str, Any]] = {}
+            for (rid, role, content, call_id, _calls, tool_name, ts, is_active), calls, k in zip(raw, decoded, ks):
+                if k >= 0 and k not in by_turn:
+                    by_turn[k] = {"id": f"turn-{k}", "session_id": session, "state": "running",
+                                  "user_text": content, "attempts": 1, "error": None, "created_at": ts,
+                                  "started_at": ts, "ended_at": None}
+                    turns.append(by_turn[k])
+                if (k >= 0 and role == "assistant" and int(is_active) and not calls
+                        and isinstance(content, str) and content.strip()):
+                    by_turn[k]["state"], by_turn[k]["ended_at"] = "done", ts
+                rows.append({"id": rid, "session_id": session, "turn_id": f"turn-{k}" if k >= 0 else None,
+                             "role": role, "content": content, "tool_calls": calls,
+                             "tool_call_id": call_id, "name": tool_name, "extra": None,
+                             "active": int(is_active), "cloned_from": None, "created_at": ts})
+        rows.sort(key=lambda r: r["id"])
+        return sessions, rows, turns
+    finally:
+        conn.close()
+
+
+def turn_of_rows(conn: sqlite3.Connection, session: str) -> dict[int, str]:
+    """{row id: derived turn id} for one session, through an open connection."""
+    raw = conn.execute("SELECT id, role, content, tool_calls FROM messages WHERE session_id = ? ORDER BY id",
+                       (session,)).fetchall()
+    ks = assign_turns([(role, content, _json(calls)) for _id, role, content, calls in raw])
+    return {r[0]: f"turn-{k}" for r, k in zip(raw, ks)}
+
+
+def turn_state(conn: sqlite3.Connection, session: str, turn_id: str) -> str | None:
+    """'done', 'running' or None (never started) for a derived turn id."""
+    raw = conn.execute("SELECT role, content, tool_calls FROM messages WHERE session_id = ? AND "
+                       "COALESCE(active, 1) = 1 ORDER BY id", (session,)).fetchall()
+    rows = [(role, content, _json(calls)) for role, content, calls in raw]
+    state = None
+    for (role, content, calls), k in zip(rows, assign_turns(rows)):
+        if f"turn-{k}" != turn_id:
+            continue
+        state = state or "running"
+        if role == "assistant" and not calls and isinstance(content, str) and content.strip():
+            state = "done"
+    return state

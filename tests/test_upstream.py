@@ -1,0 +1,85 @@
+"""The upstream target (`--target hermes-agent`): upstream Hermes in the worker, its schema in the checker."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from supervisor import cli, upstream_schema
+from supervisor.checker import check_structure
+from worker import upstream
+
+
+def _upstream_like_db(path: Path, rows: list[tuple[str, str | None, str | None, str | None]]) -> Path:
+    """A database in the shape of upstream's messages table (just the columns the reader uses)."""
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, started_at REAL NOT NULL);"
+        "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, role TEXT NOT NULL,"
+        " content TEXT, tool_call_id TEXT, tool_calls TEXT, tool_name TEXT, timestamp REAL NOT NULL,"
+        " active INTEGER NOT NULL DEFAULT 1);")
+    conn.execute("INSERT INTO sessions VALUES ('s', 'cli', 1.0)")
+    for i, (role, content, call_id, calls) in enumerate(rows):
+        conn.execute("INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, timestamp) "
+                     "VALUES ('s', ?, ?, ?, ?, ?)", (role, content, call_id, calls, float(i)))
+    conn.commit()
+    conn.close()
+    return path
+
+
+CALL = json.dumps([{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}])
+
+
+def test_reader_derives_turns_from_upstream_rows(tmp_path: Path) -> None:
+    db = _upstream_like_db(tmp_path / "state.db", [
+        ("user", "q0", None, None), ("assistant", None, None, CALL), ("tool", "r", "c1", None),
+        ("assistant", "a0", None, None), ("user", "q1", None, None), ("assistant", None, None, CALL)])
+    assert upstream_schema.is_upstream(db)
+    sessions, rows, turns = upstream_schema.read(db)
+    assert sessions == ["s"]
+    assert [r["turn_id"] for r in rows] == ["turn-0"] * 4 + ["turn-1"] * 2
+    assert [(t["id"], t["state"]) for t in turns] == [("turn-0", "done"), ("turn-1", "running")]
+    assert rows[1]["tool_calls"][0]["id"] == "c1"
+
+
+def test_a_resent_interrupted_message_is_the_same_turn(tmp_path: Path) -> None:
+    db = _upstream_like_db(tmp_path / "state.db", [
+        ("user", "q0", None, None), ("assistant", None, None, CALL),
+        ("user", "q0", None, None), ("assistant", "a0", None, None)])
+    _sessions, rows, turns = upstream_schema.read(db)
+    assert {r["turn_id"] for r in rows} == {"turn-0"} and [t["state"] for t in turns] == ["done"]
+
+
+def test_check_reads_upstream_schema(tmp_path: Path) -> None:
+    db = _upstream_like_db(tmp_path / "state.db", [("user", "q0", None, None), ("assistant", None, None, CALL),
+                                                   ("assistant", "a0", None, None)])
+    verdict = check_structure(db)
+    assert verdict.valid is False  # the tool call c1 has no result
+    assert any("c1" in v.message for v in verdict.violations)
+
+
+def test_without_hermes_agent_the_command_says_how_to_get_it(capsys: pytest.CaptureFixture[str]) -> None:
+    if upstream.available():
+        pytest.skip("hermes-agent is installed; the missing-package message cannot be shown")
+    assert cli.main(["chaos", "--target", "hermes-agent", "--scenario", "single-tool"]) == cli.EXIT_USAGE
+    assert "pip install 'hermes-supervisor[upstream]'" in capsys.readouterr().err
+
+
+@pytest.mark.chaos
+@pytest.mark.skipif(not upstream.available(),
+                    reason="hermes-agent is not installed (pip install 'hermes-supervisor[upstream]' "
+                           "installs hermes-agent==0.19.0)")
+def test_one_upstream_case_end_to_end(tmp_path: Path) -> None:
+    from supervisor.campaign import Campaign, CampaignConfig
+
+    config = CampaignConfig(scenarios=["single-tool"], jobs=1, workdir=tmp_path, keep=True, target="hermes-agent",
+                            case_ids=("single-tool/probe:self@callback.tool_complete.before:1@t0p0",))
+    [result] = Campaign(config).run()
+    assert result.fired == ["callback.tool_complete.before:1"]  # the probe around upstream's callback fired
+    db = next(tmp_path.glob("*/state.db"))
+    assert upstream_schema.is_upstream(db)  # upstream wrote its own schema
+    assert result.verdict.valid is False  # upstream shows the tool result before it is durable
+    names = {v.invariant for v in result.verdict.violations}
+    assert "durable-before-visible" in names, names

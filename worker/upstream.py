@@ -1,0 +1,261 @@
+"""The upstream target: run a turn with upstream Hermes (PyPI `hermes-agent`) inside the worker.
+
+`python -m worker run|resume --target hermes-agent ...` uses this module instead of our
+runtime. Nothing of upstream is edited; everything is wrapped at run time:
+
+- upstream's `AIAgent` talks to the scripted model server (`--base-url`), writes its own
+  `state.db` schema to `--db` (upstream's `SessionDB`), and gets a private home
+  directory next to the database (`HERMES_HOME=<db dir>/hermes-home`), so no case
+  reads or writes `~/.hermes`;
+- the chaos tools (worker.chaos_tools, the same ledger and effect reports) replace
+  upstream's tool set: `run_agent.get_tool_definitions` and
+  `run_agent.handle_function_call` are swapped at run time (upstream looks both up
+  through the `run_agent` module at call time);
+- the same named probes as our runtime fire around upstream's flush
+  (`_flush_messages_to_session_db`: flush.begin / flush.committed), its UI callbacks
+  (callback.interim.*, callback.tool_complete.*), each tool dispatch
+  (tool.dispatch.*), each model call (model.request / model.response, by wrapping the
+  client's `chat.completions.create`), and the turn (turn.start, finalize.*: around
+  `run_conversation`). Upstream has no compaction in these scenarios, no
+  dispatch-intent transaction and no recovery step, so `flush.in_txn`,
+  `compact.in_txn` and `resume.*` never fire here; `model.chunk` is not wired.
+
+Resume: upstream has no automatic recovery of an interrupted turn. What a restarted
+upstream agent does is load the session's stored conversation and take the message
+again; so `resume` here loads the durable conversation and, when the last user turn
+has no final answer, re-sends that turn's user text with the stored history.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from hermes import probes
+from hermes.tools import ToolContext, registry
+
+log = logging.getLogger("worker.upstream")
+
+TARGET = "hermes-agent"
+VERSION = "0.19.0"
+INSTALL_HINT = (f"the {TARGET} target needs upstream Hermes: pip install 'hermes-supervisor[upstream]' "
+                f"(installs {TARGET}=={VERSION}), or pip install {TARGET}=={VERSION} next to this project")
+
+
+class UpstreamMissing(Exception):
+    """hermes-agent is not importable; the message says how to get it."""
+
+
+def available() -> bool:
+    """Is hermes-agent installed? Found without importing it (importing reads HERMES_HOME)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("run_agent", "hermes_state"))
+
+
+def require() -> None:
+    if not available():
+        raise UpstreamMissing(INSTALL_HINT)
+
+
+def prepare_home(db_path: Path) -> Path:
+    """Give this case its own HERMES_HOME (set before upstream is imported)."""
+    home = Path(db_path).resolve().parent / "hermes-home"
+    (home / "logs").mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.environ["HERMES_HOME"] = str(home)
+    return home
+
+
+def _turns(conversation: list[dict[str, Any]]) -> tuple[int, str | None, bool]:
+    """(index of the last user turn, its text, whether it has a final answer)."""
+    index, text, answered = -1, None, False
+    for msg in conversation:
+        if msg.get("role") == "user":
+            if index >= 0 and not answered and msg.get("content") == text:
+                continue  # the interrupted message taken again: the same turn (supervisor.upstream_schema)
+            index, text, answered = index + 1, msg.get("content"), False
+        elif (msg.get("role") == "assistant" and not msg.get("tool_calls")
+              and isinstance(msg.get("content"), str) and msg["content"].strip()):
+            answered = True
+    return index, text, answered
+
+
+class UpstreamTarget:
+    def __init__(self, args: Any, project: Callable[..., None]) -> None:
+        self.args = args
+        self.project = project  # project(kind, turn=..., **fields): the UI event, acknowledged by the supervisor
+        self.home = prepare_home(args.db)
+        import hermes_state
+        import run_agent
+
+        self.run_agent = run_agent
+        self.db = hermes_state.SessionDB(db_path=Path(args.db))
+        self.turn_id: str | None = None
+        self.toolsets = [t.strip() for t in args.tools.split(",") if t.strip()]
+        self._patch_module()
+
+    # ------------------------------------------------------------- wrapping
+    def _patch_module(self) -> None:
+        ra = self.run_agent
+        toolsets = self.toolsets
+
+        def get_tool_definitions(*_a: Any, **_k: Any) -> list[dict[str, Any]]:
+            return [t.definition() for t in registry.tools_in(toolsets)]
+
+        def handle_function_call(function_name: str, function_args: dict[str, Any], task_id: str | None = None,
+                                 tool_call_id: str | None = None, **_k: Any) -> str:
+            ctx = {"session": self.args.session, "turn": self.turn_id, "tool_call_id": tool_call_id,
+                   "tool": function_name}
+            probes.fire("tool.dispatch.before", **ctx)
+            tool = registry.get(function_name)
+            if tool is None:
+                result = json.dumps({"error": f"unknown tool {function_name!r}"})
+            else:
+                tctx = ToolContext(task_id=task_id, tool_call_id=tool_call_id, idempotency_key=None,
+                                   session_id=self.args.session, turn_id=self.turn_id)
+                try:
+                    out = tool.handler(function_args or {}, tctx)
+                    result = out if isinstance(out, str) else json.dumps(out, default=str)
+                except Exception as exc:  # upstream turns a raised tool error into a result too
+                    result = json.dumps({"error": f"{type(exc).__name__}: {exc}"})
+            probes.fire("tool.dispatch.after", **ctx)
+            return result
+
+        ra.get_tool_definitions = get_tool_definitions
+        ra.handle_function_call = handle_function_call
+        ra.check_toolset_requirements = lambda *a, **k: {}
+        try:
+            import agent.model_metadata as metadata
+
+            metadata.fetch_model_metadata = lambda *a, **k: {}  # no network lookups of model metadata
+        except ImportError:
+            pass
+
+    def _wrap_agent(self, agent: Any) -> None:
+        session = self.args.session
+        flush = agent._flush_messages_to_session_db
+
+        def wrapped_flush(*a: Any, **k: Any) -> Any:
+            probes.fire("flush.begin", session=session, turn=self.turn_id)
+            out = flush(*a, **k)
+            probes.fire("flush.committed", session=session, turn=self.turn_id)
+            return out
+
+        agent._flush_messages_to_session_db = wrapped_flush
+
+        client = getattr(agent, "client", None)
+        completions = getattr(getattr(client, "chat", None), "completions", None)
+        create = getattr(completions, "create", None)
+        if create is not None:
+            def wrapped_create(*a: Any, **k: Any) -> Any:
+                probes.fire("model.request", session=session, turn=self.turn_id)
+                out = create(*a, **k)
+                probes.fire("model.response", session=session, turn=self.turn_id)
+                return out
+
+            try:
+                completions.create = wrapped_create
+            except (AttributeError, TypeError):
+                log.warning("cannot wrap the model client; model.* probes are not wired")
+
+    def _callbacks(self) -> dict[str, Callable[..., None]]:
+        session = self.args.session
+
+        def interim(text: str, *a: Any, **k: Any) -> None:
+            probes.fire("callback.interim.before", session=session, turn=self.turn_id)
+            self.project("interim", turn=self.turn_id, text=text)
+            probes.fire("callback.interim.after", session=session, turn=self.turn_id)
+
+        def tool_complete(call_id: str, name: str, _args: Any, content: Any) -> None:
+            ctx = {"session": session, "turn": self.turn_id, "tool_call_id": call_id}
+            probes.fire("callback.tool_complete.before", **ctx)
+            self.project("tool_complete", turn=self.turn_id, tool_call_id=call_id, tool=name, content=content)
+            probes.fire("callback.tool_complete.after", **ctx)
+
+        return {"interim_assistant_callback": interim, "tool_complete_callback": tool_complete}
+
+    def _agent(self) -> Any:
+        a = self.args
+        agent = self.run_agent.AIAgent(
+            base_url=a.base_url, api_key=a.api_key or os.environ.get("OPENAI_API_KEY") or "scripted",
+            provider="custom", model=a.model, session_id=a.session, session_db=self.db,
+            enabled_toolsets=self.toolsets, quiet_mode=True, skip_context_files=True, skip_memory=True,
+            save_trajectories=False, max_iterations=30, tool_delay=0.0, **self._callbacks())
+        agent.compression_enabled = False
+        if a.system_prompt is not None:
+            agent._cached_system_prompt = a.system_prompt
+        self._wrap_agent(agent)
+        return agent
+
+    # -------------------------------------------------------------- running
+    def _conversation(self) -> list[dict[str, Any]]:
+        if self.db.get_session(self.args.session) is None:
+            return []
+        return self.db.get_messages_as_conversation(self.args.session)
+
+    def _run(self, message: str, history: list[dict[str, Any]], turn_id: str) -> dict[str, Any]:
+        self.turn_id = turn_id
+        agent = self._agent()
+        probes.fire("turn.start", session=self.args.session, turn=turn_id)
+        result = agent.run_conversation(message, system_message=self.args.system_prompt,
+                                        conversation_history=history or None)
+        probes.fire("finalize.before", session=self.args.session, turn=turn_id)
+        probes.fire("finalize.after", session=self.args.session, turn=turn_id)
+        return self._outcome(result, turn_id)
+
+    def _outcome(self, result: dict[str, Any], turn_id: str) -> dict[str, Any]:
+        completed = bool(result.get("completed", result.get("final_response")))
+        out = {"outcome": "completed" if completed else "failed", "session": self.args.session,
+               "turn_id": turn_id, "final_response": result.get("final_response"),
+               "turn_exit_reason": result.get("turn_exit_reason"), "api_calls": result.get("api_calls"),
+               "target": TARGET}
+        if not completed:
+            out["failure_reason"] = result.get("failure_reason") or "upstream_failed"
+            out["error"] = result.get("error")
+        return out
+
+    def run(self) -> dict[str, Any]:
+        history = self._conversation()
+        index, text, answered = _turns(history)
+        wanted = self.args.turn_id or f"turn-{index + 1}"
+        if f"turn-{index}" == wanted and answered:  # this turn already finished: a no-op, not a duplicate
+            return {"outcome": "completed", "session": self.args.session, "turn_id": wanted,
+                    "final_response": history[-1].get("content"), "turn_exit_reason": "already_finished",
+                    "api_calls": 0, "target": TARGET}
+        return self._run(self.args.message, history, wanted)
+
+    def resume(self) -> dict[str, Any]:
+        history = self._conversation()
+        index, text, answered = _turns(history)
+        if index < 0 or answered:
+            return {"outcome": "nothing to resume", "target": TARGET}
+        # Upstream's own restart: reload the stored history and take the interrupted message again.
+        cut = max(i for i, m in enumerate(history) if m.get("role") == "user")
+        return self._run(text or "", history[:cut], f"turn-{index}")
+
+    def close(self) -> None:
+        try:
+            self.db.close()
+        except Exception:
+            pass
+
+
+def execute(args: Any, link: Any, ledger: Any) -> dict[str, Any]:
+    """Run or resume one turn with upstream Hermes; returns the worker's outcome dict."""
+    from worker import chaos_tools
+
+    def project(kind: str, turn: str | None = None, **fields: Any) -> None:
+        event = {"type": "ui", "kind": kind, "session": args.session, "turn": turn, **fields}
+        if link is not None:
+            link.request(event)
+        else:
+            log.info("ui %s", json.dumps(event, ensure_ascii=False, default=str))
+
+    chaos_tools.install(ledger, (lambda effect: link.request(dict(effect, type="effect"))) if link else None)
+    target = UpstreamTarget(args, project)
+    try:
+        return target.resume() if args.command == "resume" else target.run()
+    finally:
+        target.close()
