@@ -153,7 +153,7 @@ def machine_info(bench_dir: Path) -> dict[str, Any]:
         load = "?"
     return {"cpu": _cpu_model(), "cores": f"{usable} usable of {os.cpu_count()}",
             "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
-            "fs": f"{filesystem_of(bench_dir)} ({bench_dir})", "load(1m) at start": load}
+            "fs": filesystem_of(bench_dir), "load(1m) at start": load}
 
 
 def _median(xs: Sequence[float]) -> float:
