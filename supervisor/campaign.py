@@ -392,7 +392,8 @@ class Campaign:
                 if config.limit is not None:
                     cases = cases[: config.limit]
                 self.progress(f"{len(cases)} cases ({config.mode}) over {len(scenarios)} scenario(s)")
-                self.results = baselines + self._run_cases(cases, root, server.base_url)
+                # Double mode already holds its first-kill cases in self.results; keep them.
+                self.results = baselines + self.results + self._run_cases(cases, root, server.base_url)
         finally:
             self.pool.close()
             if self.history is not None:
