@@ -1,22 +1,18 @@
 """Deliberate defect: the assistant tool-call block is not flushed before its tools run.
 
-Loaded only by worker processes (see `_is_worker`). A flush whose newest message is a
+Loaded only by worker processes (see `worker_only.is_worker`). A flush whose newest message is a
 not-yet-durable assistant row with tool calls reports success without writing. The
 row is not lost: the first tool result's flush writes every message that is not yet
 durable, the skipped row included. But the tool ran while the request for it existed
 only in memory, so the checker must report `durable-before-effect`.
 """
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from worker_only import is_worker  # noqa: E402
+
 DEFECT = "no-flush-before-dispatch"
-
-
-def _is_worker() -> bool:
-    """True in `python -m worker ...` and in a worker template (`python -m worker.forkserver`,
-    whose forks inherit the patch); False in the supervisor and everywhere else."""
-    # At start-up sys.argv is ['-m', ...] without the module name; orig_argv keeps it.
-    argv = list(getattr(sys, "orig_argv", sys.argv))
-    return any(a == "-m" and (b == "worker" or b.startswith("worker.")) for a, b in zip(argv, argv[1:]))
 
 
 def _arm() -> None:
@@ -35,5 +31,5 @@ def _arm() -> None:
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 
 
-if _is_worker():
+if is_worker():
     _arm()

@@ -1,23 +1,19 @@
 """Deliberate defect: recovery reruns a call whose outcome is unknown, whatever its policy.
 
-Loaded only by worker processes (see `_is_worker`). Recovery reads the dispatch
+Loaded only by worker processes (see `worker_only.is_worker`). Recovery reads the dispatch
 intents to decide, per unanswered call, between "rerun" (idempotent) and "record the
 outcome as unknown" (at_most_once). Here the worker reads every intent as idempotent,
 so an at_most_once tool killed after it ran is run a second time. The durable intent
 rows are untouched (the supervisor reads them unpatched), and the checker must report
 `effect-semantics`.
 """
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from worker_only import is_worker  # noqa: E402
+
 DEFECT = "rerun-at-most-once"
-
-
-def _is_worker() -> bool:
-    """True in `python -m worker ...` and in a worker template (`python -m worker.forkserver`,
-    whose forks inherit the patch); False in the supervisor and everywhere else."""
-    # At start-up sys.argv is ['-m', ...] without the module name; orig_argv keeps it.
-    argv = list(getattr(sys, "orig_argv", sys.argv))
-    return any(a == "-m" and (b == "worker" or b.startswith("worker.")) for a, b in zip(argv, argv[1:]))
 
 
 def _arm() -> None:
@@ -33,5 +29,5 @@ def _arm() -> None:
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 
 
-if _is_worker():
+if is_worker():
     _arm()

@@ -1,23 +1,19 @@
 """Deliberate defect: starting a turn commits the turn row and the user message separately.
 
-Loaded only by worker processes (see `_is_worker`). `SessionDB.write_pending` with
+Loaded only by worker processes (see `worker_only.is_worker`). `SessionDB.write_pending` with
 `start_turn` must create the 'running' turn row and insert the user message in ONE
 transaction. Here the turn row is committed alone (a flush transaction of its own,
 so it has its own flush probes), then the messages in a second transaction. A kill
 between the two leaves a running turn whose user message never became durable; the
 resumed turn then talks to the model without it.
 """
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from worker_only import is_worker  # noqa: E402
+
 DEFECT = "split-turn-commit"
-
-
-def _is_worker() -> bool:
-    """True in `python -m worker ...` and in a worker template (`python -m worker.forkserver`,
-    whose forks inherit the patch); False in the supervisor and everywhere else."""
-    # At start-up sys.argv is ['-m', ...] without the module name; orig_argv keeps it.
-    argv = list(getattr(sys, "orig_argv", sys.argv))
-    return any(a == "-m" and (b == "worker" or b.startswith("worker.")) for a, b in zip(argv, argv[1:]))
 
 
 def _arm() -> None:
@@ -39,5 +35,5 @@ def _arm() -> None:
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 
 
-if _is_worker():
+if is_worker():
     _arm()

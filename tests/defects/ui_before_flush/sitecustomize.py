@@ -1,23 +1,19 @@
 """Deliberate defect: the interim assistant text reaches the UI before its row is committed.
 
-Loaded only by worker processes (see `_is_worker`): when this directory is first on
+Loaded only by worker processes (see `worker_only.is_worker`): when this directory is first on
 PYTHONPATH, Python imports this module at start-up. The flush that would make an
 assistant tool-call block durable first shows the block's text to the UI, then
 commits. The runtime's own projection after the flush still happens, so the text is
 shown twice: once too early, once on time. The checker must report
 `durable-before-visible`.
 """
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from worker_only import is_worker  # noqa: E402
+
 DEFECT = "ui-before-flush"
-
-
-def _is_worker() -> bool:
-    """True in `python -m worker ...` and in a worker template (`python -m worker.forkserver`,
-    whose forks inherit the patch); False in the supervisor and everywhere else."""
-    # At start-up sys.argv is ['-m', ...] without the module name; orig_argv keeps it.
-    argv = list(getattr(sys, "orig_argv", sys.argv))
-    return any(a == "-m" and (b == "worker" or b.startswith("worker.")) for a, b in zip(argv, argv[1:]))
 
 
 def _arm() -> None:
@@ -36,5 +32,5 @@ def _arm() -> None:
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 
 
-if _is_worker():
+if is_worker():
     _arm()
