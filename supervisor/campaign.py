@@ -13,6 +13,8 @@ processes. Results stream to history.jsonl; only running cases stay in memory.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import random
 import shutil
@@ -30,12 +32,20 @@ from typing import Any, Callable
 from supervisor import observe
 from supervisor.checker import Verdict, check_case
 from supervisor.history import CaseHistory, HistoryWriter, snapshot_rows
-from supervisor.modelserver import ScriptedModelServer
+from supervisor.modelserver import Reply, Script, ScriptedModelServer
 from supervisor.nemesis import Fault, timer_delays
 from supervisor.pool import Pool, WorkerProcess
 from supervisor.scenarios import SCENARIOS, Scenario, campaign_script
 
 MODES = ("exhaustive", "double", "random", "pause")
+# Faults added to every case on top of its kill plan. Model faults: the scripted model answers
+# each request wrongly once (the SDK's retries must absorb it without a duplicate row).
+# `locked`: at the first tool effect of a case, another connection holds the database's write
+# lock past the worker's patience, so its next flush fails closed as `locked`; the case must
+# still end with the turn resumed and the transcript whole.
+MODEL_FAULTS = ("http500", "http429", "truncate")
+FAULT_OPTIONS = (*MODEL_FAULTS, "locked")
+WORKER_BUSY_BUDGET_S = 2.0
 SESSION = "chaos-session"
 MODEL = "scripted-model"
 
@@ -100,6 +110,7 @@ class CampaignConfig:
     limit: int | None = None
     case_ids: tuple[str, ...] = ()
     forkserver: bool = True
+    faults: tuple[str, ...] = ()  # extra nemesis faults on every case: see FAULT_OPTIONS
     case_files: Path | None = None  # when set, each case's result and history is written here as JSON
     probes: tuple[str, ...] = ()  # only derive cases whose first fault is at one of these probes
     target: str = "hermes"  # the agent under test: "hermes" (ours) or "hermes-agent" (upstream, worker.upstream)
@@ -125,6 +136,7 @@ class CaseRunner:
         self._incarnations = 0
         self._where: dict[int, tuple[int, int]] = {}  # incarnation -> (turn, process)
         self._paused = threading.Event()
+        self._lock_fault_fired = False
         self.kills = 0
 
     # -------------------------------------------------------------- observing
@@ -162,6 +174,9 @@ class CaseRunner:
         elif kind == "effect":
             with self._conn_lock:
                 request, intent, witness = observe.effect_durability(self._readonly(), msg)
+            if "locked" in self.config.faults and not self._lock_fault_fired:
+                self._lock_fault_fired = True
+                self._hold_write_lock(WORKER_BUSY_BUDGET_S + 1.0)
             self.history.record("effect", incarnation=inc, tool=msg.get("tool"), policy=msg.get("policy"),
                                 tool_call_id=msg.get("tool_call_id"), turn=msg.get("turn"),
                                 idempotency_key=msg.get("idempotency_key"), request_durable=request,
@@ -169,6 +184,20 @@ class CaseRunner:
             proc.send({"type": "ack", "seq": msg["seq"]})
         elif kind == "outcome":
             self.history.record("outcome", incarnation=inc, result=msg.get("result"))
+
+    def _hold_write_lock(self, seconds: float) -> None:
+        """Take the database's write lock now (before acking), and release it `seconds` later."""
+        holder = sqlite3.connect(self.db, isolation_level=None, timeout=5.0, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        self.history.record("storage_fault", fault="locked", seconds=seconds)
+
+        def release() -> None:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+        timer = threading.Timer(seconds, release)
+        timer.daemon = True
+        timer.start()
 
     # ---------------------------------------------------------------- running
     def _fault_for(self, turn: int, process: int) -> Fault | None:
@@ -182,7 +211,8 @@ class CaseRunner:
     def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None) -> WorkerProcess:
         turn = self.scenario.turns[turn_index]
         args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", self.base_url,
-                "--model", MODEL, "--ledger", str(self.ledger), "--timeout", "20", "--busy-budget", "2",
+                "--model", MODEL, "--ledger", str(self.ledger), "--timeout", "20",
+                "--busy-budget", str(WORKER_BUSY_BUDGET_S),
                 *self.scenario.extra_args(command)]
         if self.config.target != "hermes":
             args += ["--target", self.config.target]
@@ -332,6 +362,21 @@ def random_cases(config: CampaignConfig, baselines: dict[str, CaseResult]) -> li
     return cases
 
 
+def with_model_faults(script: Script, faults: list[str]) -> Script:
+    """`script`, but each distinct request is first answered with each fault in `faults`, once."""
+    if not faults:
+        return script
+    counter = itertools.count()
+
+    def faulty(messages: list[dict[str, Any]]) -> Reply:
+        reply = script(messages)
+        # Rotate through the faults; the server serves a fault `fault_times` for one exact request.
+        return dataclasses.replace(reply, fault=faults[next(counter) % len(faults)], fault_times=1,
+                                   retry_after=0.05)
+
+    return faulty
+
+
 def in_shard(case: Case, shard: tuple[int, int]) -> bool:
     index, count = shard
     return zlib.crc32(case.case_id.encode()) % count == index - 1
@@ -380,7 +425,8 @@ class Campaign:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         scenarios = [SCENARIOS[name] for name in config.scenarios]
         try:
-            with ScriptedModelServer(campaign_script(scenarios), model=MODEL) as server:
+            script = with_model_faults(campaign_script(scenarios), [f for f in config.faults if f in MODEL_FAULTS])
+            with ScriptedModelServer(script, model=MODEL) as server:
                 if config.case_ids:
                     self.results = self._run_cases([Case.parse(c) for c in config.case_ids], root, server.base_url)
                     return self.results

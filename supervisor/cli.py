@@ -22,7 +22,7 @@ from typing import NoReturn, Sequence
 from hermes.probes import POINTS
 from supervisor import bench, daemon_cli
 from supervisor.argtypes import positive_int
-from supervisor.campaign import MODES, Campaign, CampaignConfig, summarize
+from supervisor.campaign import FAULT_OPTIONS, MODES, Campaign, CampaignConfig, summarize
 from supervisor.checker import check_structure
 from supervisor.logs import MergedLog
 from supervisor.report import table, write_reports
@@ -50,6 +50,14 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def _faults(text: str) -> tuple[str, ...]:
+    chosen = tuple(f.strip() for f in text.split(",") if f.strip())
+    unknown = [f for f in chosen if f not in FAULT_OPTIONS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"--faults {text!r}: choose from {', '.join(FAULT_OPTIONS)}")
+    return chosen
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hermes-supervisor", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -64,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--kill-mode", choices=("self", "external", "both"), default="self")
     chaos.add_argument("--probe", action="append", choices=POINTS, default=None,
                        help="only kill at this probe (repeatable); default: every probe")
+    chaos.add_argument("--faults", type=_faults, default=(), metavar="F[,F...]",
+                       help=f"add faults to every case: {', '.join(FAULT_OPTIONS)}")
     chaos.add_argument("--limit", type=positive_int, default=None, help="run at most this many derived cases")
     chaos.add_argument("--case", action="append", default=None, metavar="ID", help="rerun exactly this case")
     chaos.add_argument("--no-forkserver", action="store_true",
@@ -118,7 +128,7 @@ def run_chaos(args: argparse.Namespace) -> int:
     config = CampaignConfig(scenarios=scenarios, mode=args.mode, seed=args.seed, runs=args.runs, jobs=args.jobs,
                             shard=args.shard, kill_modes=kill_modes, workdir=args.workdir,
                             keep=args.workdir is not None, limit=args.limit, case_ids=tuple(args.case or ()),
-                            probes=tuple(args.probe or ()), forkserver=not args.no_forkserver,
+                            probes=tuple(args.probe or ()), forkserver=not args.no_forkserver, faults=args.faults,
                             case_files=args.report / "cases" if args.report else None,
                             target=args.target)
     if args.target == "hermes-agent":

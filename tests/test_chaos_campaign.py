@@ -194,3 +194,23 @@ def test_check_verb_passes_a_sound_database_and_names_a_broken_one(tmp_path: Pat
     assert junk.returncode in (1, 2) and ("not" in (junk.stdout + junk.stderr).lower())
     with sqlite3.connect(good) as conn:  # the check never wrote to the file it read
         assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 4
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_storage_and_model_faults_as_nemesis_options(tmp_path: Path) -> None:
+    history = tmp_path / "history.jsonl"
+    locked = supervisor("chaos", "--scenario", "writes", "--faults", "locked", "--probe", "tool.dispatch.after",
+                        "--history", str(history), "--report", str(tmp_path / "locked"))
+    assert locked.returncode == 0, locked.stdout[-3000:]
+    events = [json.loads(line) for line in history.read_text().splitlines()]
+    reasons = [e["result"].get("failure_reason") for e in events if e["type"] == "outcome"]
+    assert "session_persistence_failed:locked" in reasons, "the held lock really failed a flush"
+    assert any(e["type"] == "storage_fault" for e in events)
+    model = supervisor("chaos", "--scenario", "single-tool", "--scenario", "streamed-answer",
+                       "--faults", "http500,http429,truncate", "--probe", "flush.committed",
+                       "--report", str(tmp_path / "model"))
+    assert model.returncode == 0, model.stdout[-3000:]
+    assert read_report(tmp_path / "model")["ok"] is True
+    refused = supervisor("chaos", "--faults", "meteor", timeout=60)
+    assert refused.returncode == 2 and "--faults" in refused.stderr
