@@ -86,12 +86,16 @@ class CaseResult:
     trace: list[tuple[int, int, str, int]] = field(default_factory=list)
     fired: list[str] = field(default_factory=list)
     reached: frozenset[str] = frozenset()  # probe names this case hit (kept when the trace is dropped)
+    flags: tuple[str, ...] = ()  # campaign options the case depends on (target, faults), for its repro
+
+    def repro(self) -> str:
+        return " ".join((self.case.repro(), *self.flags))
 
     def to_json(self) -> dict[str, Any]:
         return {"case": self.case.case_id, "scenario": self.case.scenario,
                 "fault": self.case.fault.label() if self.case.fault else None,
                 "verdict": self.verdict.to_json(), "kills": self.kills, "restarts": self.restarts,
-                "seconds": round(self.seconds, 3), "fired": self.fired, "repro": self.case.repro()}
+                "seconds": round(self.seconds, 3), "fired": self.fired, "repro": self.repro()}
 
 
 @dataclass
@@ -184,6 +188,14 @@ class CaseRunner:
             proc.send({"type": "ack", "seq": msg["seq"]})
         elif kind == "outcome":
             self.history.record("outcome", incarnation=inc, result=msg.get("result"))
+
+    def _repro_flags(self) -> tuple[str, ...]:
+        flags = []
+        if self.config.target != "hermes":
+            flags.append(f"--target {self.config.target}")
+        if self.config.faults:
+            flags.append(f"--faults {','.join(self.config.faults)}")
+        return tuple(flags)
 
     def _hold_write_lock(self, seconds: float) -> None:
         """Take the database's write lock now (before acking), and release it `seconds` later."""
@@ -318,7 +330,7 @@ class CaseRunner:
         trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events if e["type"] == "probe"]
         fired = [f"{e['name']}:{e['n']}" for e in events if e["type"] == "probe" and e.get("kill")]
         return CaseResult(self.case, verdict, self.kills, restarts, time.monotonic() - started, trace, fired,
-                          frozenset(name for (_t, _p, name, _n) in trace))
+                          frozenset(name for (_t, _p, name, _n) in trace), self._repro_flags())
 
 
 def enumerate_cases(mode: str, scenario: str, baseline: CaseResult, config: CampaignConfig,
@@ -496,7 +508,7 @@ def summarize(results: list[CaseResult]) -> dict[str, Any]:
         for v in result.verdict.violations:
             violations.append({"invariant": v.invariant, "case": result.case.case_id,
                                "probe": result.case.fault.point if result.case.fault else None,
-                               "message": v.message, "witness": v.witness, "repro": result.case.repro()})
+                               "message": v.message, "witness": v.witness, "repro": result.repro()})
     unfired = [r.case.case_id for r in results if r.verdict.valid == "unknown"]
     return {"ok": not violations and not unfired, "cases": len(results),
             "kills": sum(r.kills for r in results), "violations": violations, "unfired": unfired,

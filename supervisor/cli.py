@@ -164,8 +164,6 @@ def run_chaos(args: argparse.Namespace) -> int:
     summary.update(wall_seconds=round(wall, 2), cycles_per_second=round(len(results) / wall, 2) if wall else None,
                    unreached=unreached, ok=summary["ok"] and not unreached)
     print(table(summary))
-    if config.target != "hermes":
-        print(f"target {config.target}: add --target {config.target} to every repro command above")
     if unreached:
         print(f"kill points never reached by any scenario: {', '.join(unreached)}")
     print(f"wall {wall:.1f}s, {summary['cycles_per_second']} cases/s")

@@ -44,9 +44,9 @@ def junit(results: list[CaseResult]) -> str:
         body = ""
         if r.verdict.valid is False:
             text = "\n".join(f"{v.invariant}: {v.message}" for v in r.verdict.violations)
-            body = f'<failure message={quoteattr(text[:200])}>{escape(text)}\nrepro: {escape(r.case.repro())}</failure>'
+            body = f'<failure message={quoteattr(text[:200])}>{escape(text)}\nrepro: {escape(r.repro())}</failure>'
         elif r.verdict.valid is not True:
-            body = f'<error message="unknown verdict">{escape(r.case.repro())}</error>'
+            body = f'<error message="unknown verdict">{escape(r.repro())}</error>'
         cases.append(f'  <testcase classname={quoteattr(r.case.scenario)} name={quoteattr(r.case.case_id)} '
                      f'time="{r.seconds:.3f}">{body}</testcase>')
     return ('<?xml version="1.0" encoding="utf-8"?>\n'
