@@ -47,6 +47,11 @@ def install(handler: ProbeHandler | None) -> ProbeHandler | None:
     return previous
 
 
+def installed() -> bool:
+    """Whether a handler listens; callers on hot paths skip building a probe's context otherwise."""
+    return _handler is not None
+
+
 def fire(name: str, **context: Any) -> None:
     """Report that execution reached boundary `name`.
 

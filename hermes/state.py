@@ -281,7 +281,7 @@ class SessionDB:
         drop them unread otherwise; each point still looks the handler up when reached), and
         the busy-retry machinery is entered only after a first BEGIN failed.
         """
-        if probe and probes._handler is not None:
+        if probe and probes.installed():
             probes.fire(f"{probe}.begin", **dict(probe_context or {}, session=session_id))
         cur = self._cur if conn is self._conn and self._cur is not None else conn.cursor()
         try:
@@ -308,14 +308,14 @@ class SessionDB:
                 # touch the sessions table through this very connection: read epochs afresh.
                 self._lease_seen_at.clear()
             result = fn(conn, *args)
-            if probe and probes._handler is not None:
+            if probe and probes.installed():
                 probes.fire(f"{probe}.in_txn", **dict(probe_context or {}, session=session_id))
             cur.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        if probe and probes._handler is not None:
+        if probe and probes.installed():
             probes.fire(f"{probe}.committed", **dict(probe_context or {}, session=session_id))
         return result
 
@@ -414,7 +414,7 @@ class SessionDB:
         if content is None:
             stored, kind = None, "text"
         elif content.__class__ is str:  # the common case, inline: ASCII needs no scrubbing
-            stored, kind = content if content.isascii() else scrub_text(content), "text"
+            stored, kind = scrub_text(content), "text"
         else:
             stored, kind = self._encode_content(content), self._content_kind(content)
         extra = None
