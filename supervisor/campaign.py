@@ -14,11 +14,11 @@ processes. Results stream to history.jsonl; only running cases stay in memory.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import random
 import shutil
 import signal
+import socket
 import sqlite3
 import tempfile
 import threading
@@ -32,22 +32,49 @@ from typing import Any, Callable
 from supervisor import observe
 from supervisor.checker import Verdict, check_case
 from supervisor.history import CaseHistory, HistoryWriter, snapshot_rows
-from supervisor.modelserver import Reply, Script, ScriptedModelServer
+from supervisor.modelserver import Reply, Script, ScriptedModelServer, request_key
 from supervisor.nemesis import Fault, timer_delays
 from supervisor.pool import Pool, WorkerProcess
 from supervisor.scenarios import SCENARIOS, Scenario, campaign_script
+from supervisor.storage_faults import KINDS as STORAGE_FAULT_KINDS, STORAGE_FAULTS, StorageFault
 
 MODES = ("exhaustive", "double", "random", "pause")
-# Faults added to every case on top of its kill plan. Model faults: the scripted model answers
-# each request wrongly once (the SDK's retries must absorb it without a duplicate row).
+# Faults added to every case on top of its kill plan (``--faults``).
+# Model faults: the scripted model answers each distinct request wrongly once, the fault
+# picked from the chosen ones by the request's content (so a case and its baseline meet the
+# same faults). http500, http429, truncate (a cut body) and stall (no answer within the
+# worker's timeout) are transient: the SDK's retries must absorb them without a duplicate
+# row. not_json and empty_choices are not retried: the turn must end `failed` with its
+# reason recorded and the transcript well-formed, and the next turn runs normally.
+# `refused`: the first worker restarted after a kill finds the model endpoint refusing
+# connections; its turn must end failed, named `model_error:connection`, nothing lost.
 # `locked`: at the first tool effect of a case, another connection holds the database's write
 # lock past the worker's patience, so its next flush fails closed as `locked`; the case must
 # still end with the turn resumed and the transcript whole.
-MODEL_FAULTS = ("http500", "http429", "truncate")
-FAULT_OPTIONS = (*MODEL_FAULTS, "locked")
+# Storage faults (disk, readonly, corrupt): see supervisor.storage_faults.
+MODEL_FAULTS = ("http500", "http429", "truncate", "stall", "not_json", "empty_choices")
+FAULT_OPTIONS = (*MODEL_FAULTS, "refused", "locked", *STORAGE_FAULTS)
+STALL_WORKER_TIMEOUT_S = 1.0  # the worker's request timeout when `stall` is on (else 20 s)
+STALL_S = 1.5  # how long a stalled request hangs: past that timeout, so the SDK retries
 WORKER_BUSY_BUDGET_S = 2.0
 SESSION = "chaos-session"
 MODEL = "scripted-model"
+
+
+_refuser: socket.socket | None = None
+_refuser_lock = threading.Lock()
+
+
+def refusing_url() -> str:
+    """A loopback model URL that refuses every connection: a port this process keeps bound
+    (so nothing else can take it) and never listens on."""
+    global _refuser
+    with _refuser_lock:
+        if _refuser is None:
+            _refuser = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            _refuser.bind(("127.0.0.1", 0))
+        port = _refuser.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
 
 
 def case_file_stem(case_id: str) -> str:
@@ -141,6 +168,11 @@ class CaseRunner:
         self._where: dict[int, tuple[int, int]] = {}  # incarnation -> (turn, process)
         self._paused = threading.Event()
         self._lock_fault_fired = False
+        # Storage faults (see supervisor.storage_faults): one round each, after the first kill.
+        self._storage_faults: list[StorageFault] = [STORAGE_FAULT_KINDS[name](self.dir) for name in config.faults
+                                                    if name in STORAGE_FAULT_KINDS]
+        self._storage_rounds_done = False
+        self._refused_done = False
         self.kills = 0
 
     # -------------------------------------------------------------- observing
@@ -148,6 +180,12 @@ class CaseRunner:
         if self._conn is None:
             self._conn = observe.open_readonly(self.db)
         return self._conn
+
+    def _close_observer(self) -> None:
+        with self._conn_lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def _on_message(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
@@ -222,8 +260,9 @@ class CaseRunner:
 
     def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None) -> WorkerProcess:
         turn = self.scenario.turns[turn_index]
-        args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", self.base_url,
-                "--model", MODEL, "--ledger", str(self.ledger), "--timeout", "20",
+        timeout = STALL_WORKER_TIMEOUT_S if "stall" in self.config.faults else 20.0
+        args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", self._model_url(),
+                "--model", MODEL, "--ledger", str(self.ledger), "--timeout", str(timeout),
                 "--busy-budget", str(WORKER_BUSY_BUDGET_S),
                 *self.scenario.extra_args(command)]
         if self.config.target != "hermes":
@@ -250,7 +289,17 @@ class CaseRunner:
             timer.start()
         return proc
 
-    def _finish(self, proc: WorkerProcess) -> None:
+    def _model_url(self) -> str:
+        """The model endpoint for the next worker: under `refused`, the first one restarted
+        after a kill gets a loopback port that nothing listens on."""
+        if "refused" not in self.config.faults or self.kills == 0 or self._refused_done:
+            return self.base_url
+        self._refused_done = True
+        url = refusing_url()
+        self.history.record("model_fault", fault="refused", url=url)
+        return url
+
+    def _finish(self, proc: WorkerProcess, snapshot: bool = True) -> None:
         if not proc.wait(self.config.process_timeout):
             proc.kill("timeout")
             self.history.record("kill", incarnation=proc.incarnation, pid=proc.pid, signal=signal.SIGKILL,
@@ -260,7 +309,38 @@ class CaseRunner:
                             signal=proc.signal)
         if proc.signal == signal.SIGKILL:
             self.kills += 1
-        self.history.record("snapshot", after="exit", rows={str(k): v for k, v in snapshot_rows(self.db).items()})
+        if snapshot:
+            self._snapshot("exit")
+
+    def _snapshot(self, after: str) -> None:
+        self.history.record("snapshot", after=after, rows={str(k): v for k, v in snapshot_rows(self.db).items()})
+
+    def _storage_fault_rounds(self, command: str, turn_index: int) -> None:
+        """With the worker down: per storage fault, break the storage, start a worker that must
+        fail closed on it (checker: fails-closed), then mend the storage exactly as it was."""
+        self._storage_rounds_done = True
+        for fault in self._storage_faults:
+            if not self.db.exists():
+                self.history.record("storage_fault", fault=fault.cause, phase="skipped",
+                                    reason="the killed worker had not created the database yet")
+                continue
+            # Our own observer connection must not be open across the break: a worker that finds
+            # itself the file's last connection checkpoints and deletes the WAL index, and a
+            # connection that outlived that keeps reading a stale, unlinked copy of it.
+            self._close_observer()
+            what = fault.break_storage(self.db)
+            # Process index -1: no kill plan is ever aimed at this worker (see _fault_for), and
+            # its probe hits stay out of the traces further cases are derived from.
+            proc = self._spawn(command, turn_index, -1, None)
+            self.history.record("storage_fault", fault=fault.cause, phase="broken", what=what,
+                                incarnation=proc.incarnation,
+                                expect=f"session_persistence_failed:{fault.cause}")
+            try:
+                self._finish(proc, snapshot=False)  # a corrupt file cannot be snapshotted: after mending
+            finally:
+                fault.mend(self.db)
+            self.history.record("storage_fault", fault=fault.cause, phase="mended", incarnation=proc.incarnation)
+            self._snapshot("mend")
 
     def _turn_state(self, turn_index: int) -> str | None:
         with self._conn_lock:
@@ -293,8 +373,17 @@ class CaseRunner:
         return process + 1
 
     def run(self) -> CaseResult:
-        started = time.monotonic()
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            for fault in self._storage_faults:
+                fault.prepare()
+            return self._run()
+        finally:
+            for fault in self._storage_faults:
+                fault.release()
+
+    def _run(self) -> CaseResult:
+        started = time.monotonic()
         restarts = 0
         for turn_index in range(len(self.scenario.turns)):
             process, command, attempts = 0, "run", 0
@@ -320,14 +409,15 @@ class CaseRunner:
                 # Killed mid-turn, or fenced off by a newer worker: finish the turn from the database.
                 # Never started (killed before its first commit): start it again.
                 command = "resume" if state == "running" else "run"
+                if killed and self._storage_faults and not self._storage_rounds_done:
+                    self._storage_fault_rounds(command, turn_index)
         events = self.history.events
         verdict = check_case(self.db, self.ledger, events, self.scenario.expectation(),
                              planned_kill=self.case.fault.point if self.case.fault and
                              self.case.fault.kind != "timer" else None)
-        with self._conn_lock:
-            if self._conn is not None:
-                self._conn.close()
-        trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events if e["type"] == "probe"]
+        self._close_observer()
+        trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events
+                 if e["type"] == "probe" and self._where[e["incarnation"]][1] >= 0]
         fired = [f"{e['name']}:{e['n']}" for e in events if e["type"] == "probe" and e.get("kill")]
         return CaseResult(self.case, verdict, self.kills, restarts, time.monotonic() - started, trace, fired,
                           frozenset(name for (_t, _p, name, _n) in trace), self._repro_flags())
@@ -375,16 +465,19 @@ def random_cases(config: CampaignConfig, baselines: dict[str, CaseResult]) -> li
 
 
 def with_model_faults(script: Script, faults: list[str]) -> Script:
-    """`script`, but each distinct request is first answered with each fault in `faults`, once."""
+    """`script`, but each distinct request is first answered with one of `faults`, once.
+
+    Which fault a request meets depends on its content only, never on arrival order, so the
+    fault-free baseline of a scenario and every case derived from it see the same faults.
+    """
     if not faults:
         return script
-    counter = itertools.count()
 
     def faulty(messages: list[dict[str, Any]]) -> Reply:
         reply = script(messages)
-        # Rotate through the faults; the server serves a fault `fault_times` for one exact request.
-        return dataclasses.replace(reply, fault=faults[next(counter) % len(faults)], fault_times=1,
-                                   retry_after=0.05)
+        fault = faults[zlib.crc32(request_key(messages).encode()) % len(faults)]
+        # The server serves a fault `fault_times` times for one exact request, then answers.
+        return dataclasses.replace(reply, fault=fault, fault_times=1, retry_after=0.05, stall_seconds=STALL_S)
 
     return faulty
 

@@ -31,9 +31,11 @@ UNKNOWN = "unknown"
 DEFAULT_MAX_RESTARTS = 10
 
 INVARIANTS = ("durable-before-visible", "durable-before-effect", "no-lost-rows", "no-duplicate-rows",
-              "well-formed", "effect-semantics", "turn-liveness", "answer-once", "sanitize-pure", "coverage")
+              "well-formed", "effect-semantics", "turn-liveness", "answer-once", "sanitize-pure", "fails-closed",
+              "coverage")
 (DURABLE_BEFORE_VISIBLE, DURABLE_BEFORE_EFFECT, NO_LOST_ROWS, NO_DUPLICATE_ROWS, WELL_FORMED,
- EFFECT_SEMANTICS, TURN_LIVENESS, ANSWER_ONCE, SANITIZE_PURE, COVERAGE) = INVARIANTS
+ EFFECT_SEMANTICS, TURN_LIVENESS, ANSWER_ONCE, SANITIZE_PURE, FAILS_CLOSED, COVERAGE) = INVARIANTS
+EXIT_TURN_FAILED = 1  # the worker's exit code for a turn that ended failed (worker.main)
 
 # The tools of worker/chaos_tools.py: each records every real execution in the ledger,
 # so for them "a result that claims success" implies "an execution row exists". Other
@@ -643,7 +645,7 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
 
 
 def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation | None = None) -> Verdict:
-    """Every turn ended ('done' or 'failed', a recorded failure being an honest end); the
+    """Every turn ended ('done' or 'failed', a failure with its reason recorded being an honest end); the
     database holds exactly `expect.turns` turns; and no turn needed more than
     `expect.max_restarts` resume spawns to get there.
     """
@@ -654,6 +656,9 @@ def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation 
     for turn in d.turns:
         if turn["state"] not in ("done", "failed"):
             violations.append(Violation(TURN_LIVENESS, f"turn {turn['id']} never ended: it is still {turn['state']}",
+                                        {"turn": _turn_brief(turn)}))
+        elif turn["state"] == "failed" and not (turn.get("error") or "").strip():
+            violations.append(Violation(TURN_LIVENESS, f"turn {turn['id']} failed without a recorded reason",
                                         {"turn": _turn_brief(turn)}))
     if expect is not None and len(d.turns) != expect.turns:
         violations.append(Violation(TURN_LIVENESS, f"expected {expect.turns} turn(s), the database holds {len(d.turns)}",
@@ -711,6 +716,48 @@ def answer_once(db: DB, expect: Expectation | None = None) -> Verdict:
     return _verdict(ANSWER_ONCE, violations, {"done_turns": done, "answers": sum(map(len, answers.values()))})
 
 
+def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
+    """Every worker started on storage the nemesis had broken (a `storage_fault` event with
+    phase "broken", see supervisor.storage_faults) failed closed: it exited 1 with
+    `failure_reason` "session_persistence_failed:<cause>" for the fault's cause and a
+    person-readable error; it showed nothing and ran no tool; and the transcript it left
+    is the one it found (the row snapshot before the break equals the one after mending).
+    """
+    events = list(events)
+    violations = []
+    broken = [(i, e) for i, e in enumerate(events) if e.get("type") == "storage_fault" and e.get("phase") == "broken"]
+    for index, fault in broken:
+        inc = fault.get("incarnation")
+        mine = [e for e in events if e.get("incarnation") == inc]
+        where = {"storage_fault": fault}
+        for e in mine:
+            if e.get("type") in ("ui", "effect"):
+                violations.append(Violation(FAILS_CLOSED, f"the worker on {fault.get('fault')} storage still "
+                                                          f"{'showed' if e['type'] == 'ui' else 'ran'} something",
+                                            {**where, "event": e}))
+        outcomes = [e.get("result") or {} for e in mine if e.get("type") == "outcome"]
+        result = outcomes[-1] if outcomes else {}
+        if result.get("failure_reason") != fault.get("expect") or not str(result.get("error") or "").strip():
+            violations.append(Violation(FAILS_CLOSED, f"the worker on {fault.get('fault')} storage did not fail as "
+                                                      f"{fault.get('expect')} with an error for a person",
+                                        {**where, "outcome": result or None}))
+        exits = [e for e in mine if e.get("type") == "exit"]
+        if not exits or exits[-1].get("returncode") != EXIT_TURN_FAILED or exits[-1].get("signal") is not None:
+            violations.append(Violation(FAILS_CLOSED, f"the worker on {fault.get('fault')} storage did not exit "
+                                                      f"{EXIT_TURN_FAILED} on its own",
+                                        {**where, "exit": exits[-1] if exits else None}))
+        before = [e for e in events[:index] if e.get("type") == "snapshot"]
+        after = [e for e in events[index:] if e.get("type") == "snapshot" and e.get("after") == "mend"]
+        if not before or not after:
+            violations.append(Violation(FAILS_CLOSED, "no row snapshot on both sides of the storage fault", where))
+        elif (before[-1].get("rows") or {}) != (after[0].get("rows") or {}):
+            old, new = before[-1].get("rows") or {}, after[0].get("rows") or {}
+            changed = sorted((set(old) ^ set(new)) | {k for k in set(old) & set(new) if old[k] != new[k]})
+            violations.append(Violation(FAILS_CLOSED, f"rows changed while storage was {fault.get('fault')}",
+                                        {**where, "row_ids": changed[:20]}))
+    return _verdict(FAILS_CLOSED, violations, {"storage_faults": len(broken)})
+
+
 def coverage(events: Sequence[dict[str, Any]], planned_kill: str | None) -> Verdict:
     """When a kill was planned at "probe:n", the n-th hit of that probe was reported with
     `kill` True. If it never was, the case tested nothing it meant to: the answer is
@@ -749,6 +796,7 @@ def check_case(db_path: Path, ledger_path: Path | None, events: list[dict[str, A
         turn_liveness(d, events, expect),
         answer_once(d, expect),
         sanitize_pure(d, events),
+        fails_closed(events),
         coverage(events, planned_kill),
     ]
     return compose(verdicts, name="case")

@@ -14,13 +14,14 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
 from hermes.probes import POINTS
-from supervisor import bench, daemon_cli
+from supervisor import bench, daemon_cli, storage_faults
 from supervisor.argtypes import positive_int
 from supervisor.campaign import FAULT_OPTIONS, MODES, Campaign, CampaignConfig, summarize
 from supervisor.checker import check_structure
@@ -135,6 +136,10 @@ def run_chaos(args: argparse.Namespace) -> int:
         from worker import upstream
         if not upstream.available():
             raise UsageError(upstream.INSTALL_HINT)
+    try:
+        storage_faults.check_available(config.faults, args.workdir or Path(tempfile.gettempdir()))
+    except storage_faults.StorageFaultUnavailable as exc:
+        raise UsageError(str(exc)) from None
     try:
         for case_id in config.case_ids:
             from supervisor.campaign import Case

@@ -214,3 +214,76 @@ def test_storage_and_model_faults_as_nemesis_options(tmp_path: Path) -> None:
     assert read_report(tmp_path / "model")["ok"] is True
     refused = supervisor("chaos", "--faults", "meteor", timeout=60)
     assert refused.returncode == 2 and "--faults" in refused.stderr
+
+
+def _events(history: Path) -> list[dict]:
+    return [json.loads(line) for line in history.read_text().splitlines()]
+
+
+def _outcome_reasons(events: list[dict]) -> set[str]:
+    return {(e.get("result") or {}).get("failure_reason") or (e.get("result") or {}).get("outcome")
+            for e in events if e["type"] == "outcome"}
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_storage_broken_while_the_worker_is_down_fails_closed_then_heals(tmp_path: Path) -> None:
+    """After the kill, each storage fault in turn: the worker started on it fails closed with
+    its cause, the storage is mended, and the turn still finishes (checked by every invariant)."""
+    from supervisor import storage_faults
+
+    faults = ["readonly", "corrupt"]
+    try:
+        storage_faults.FullFileSystem.check_available(tmp_path)
+        faults.append("disk")
+    except storage_faults.StorageFaultUnavailable:
+        pass  # the campaign refuses `disk` without the right to mount: tested below
+    history = tmp_path / "history.jsonl"
+    done = supervisor("chaos", "--scenario", "writes", "--faults", ",".join(faults), "--probe", "tool.dispatch.after",
+                      "--history", str(history), "--report", str(tmp_path / "report"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = read_report(tmp_path / "report")
+    assert report["ok"] is True and report["cases"] >= 2
+    events = [e for e in _events(history) if "fault-free" not in e["case"]]
+    broken = [e for e in events if e["type"] == "storage_fault" and e["phase"] == "broken"]
+    assert sorted(e["fault"] for e in broken) == sorted(faults * (report["cases"] - 1))
+    assert {f"session_persistence_failed:{f}" for f in faults} <= _outcome_reasons(events)
+    assert "completed" in _outcome_reasons(events), "the turn finished once storage was mended"
+    assert all(e["fault"] for e in events if e["type"] == "storage_fault" and e["phase"] == "mended")
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_disk_fault_without_the_right_to_mount_is_refused_up_front(tmp_path: Path) -> None:
+    from supervisor import storage_faults
+
+    try:
+        storage_faults.FullFileSystem.check_available(tmp_path)
+    except storage_faults.StorageFaultUnavailable:
+        done = supervisor("chaos", "--scenario", "single-tool", "--faults", "disk", timeout=60)
+        assert done.returncode == 2 and "tmpfs" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    else:
+        pytest.skip("this machine may mount a tmpfs, so `disk` is available here")
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+@pytest.mark.parametrize("fault, reason", [("not_json", "model_error:bad_response"),
+                                           ("empty_choices", "model_error:empty_choices"),
+                                           ("refused", "model_error:connection"),
+                                           ("stall", None)])
+def test_model_faults_end_turns_failed_and_named_or_are_absorbed(fault: str, reason: str | None,
+                                                                  tmp_path: Path) -> None:
+    """not_json, empty_choices and refused end the turn failed, with its reason recorded and the
+    transcript well-formed; a stall past the timeout is retried away like a 500."""
+    history = tmp_path / "history.jsonl"
+    done = supervisor("chaos", "--scenario", "single-tool", "--faults", fault, "--probe", "model.request",
+                      "--history", str(history), "--report", str(tmp_path / "report"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert read_report(tmp_path / "report")["ok"] is True
+    events = _events(history)
+    reasons = _outcome_reasons(events)
+    if reason is None:
+        assert reasons == {"completed"}, reasons
+    else:
+        assert reason in reasons, reasons

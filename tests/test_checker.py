@@ -22,7 +22,7 @@ from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, ToolRegistry, tool_error
 from supervisor import checker
 from supervisor.checker import (CHAOS_TOOLS, INVARIANTS, UNKNOWN, Expectation, Verdict, Violation, answer_once,
                                 check_case, check_structure, compose, coverage, durable_before_effect,
-                                durable_before_visible, effect_semantics, no_duplicate_rows, no_lost_rows,
+                                durable_before_visible, effect_semantics, fails_closed, no_duplicate_rows, no_lost_rows,
                                 sanitize_pure, turn_liveness, well_formed)
 from supervisor.history import CaseHistory, HistoryWriter, read_history, snapshot_rows
 from worker import chaos_tools
@@ -80,8 +80,8 @@ class Scenario:
         self.execute(turn, c, policy)
         return self.result(turn, c, content)
 
-    def finish(self, turn: str, state: str = "done") -> None:
-        self.db.finish_turn(turn, state)
+    def finish(self, turn: str, state: str = "done", error: str | None = None) -> None:
+        self.db.finish_turn(turn, state, error=error)
 
     # -- observing and breaking
     def snapshot(self, t: float = 1.0) -> dict[str, Any]:
@@ -518,8 +518,66 @@ def test_turn_liveness_holds_when_every_turn_ended(scenario: Scenario) -> None:
 
 def test_turn_liveness_accepts_a_recorded_failure(scenario: Scenario) -> None:
     scenario.user("t1", "go")
-    scenario.finish("t1", "failed")
+    scenario.finish("t1", "failed", error="model_error:bad_response: the reply was not JSON")
     holds(turn_liveness(scenario.db_path, [], Expectation(turns=1)))
+
+
+def test_turn_liveness_fails_on_a_failure_with_no_reason(scenario: Scenario) -> None:
+    scenario.user("t1", "go")
+    scenario.finish("t1", "failed")
+    violation = failing(turn_liveness(scenario.db_path, [], Expectation(turns=1)), "turn-liveness")
+    assert "without a recorded reason" in violation.message
+
+
+# ================================================================ fails-closed
+def _storage_round(*, outcome: dict[str, Any] | None, returncode: int | None = 1, shown: bool = False,
+                   rows_after: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The history of one storage-fault round: a snapshot, the break, the worker, the mend."""
+    rows = {"1": {"role": "user", "digest": "d1"}}
+    events: list[dict[str, Any]] = [
+        {"t": 1.0, "type": "snapshot", "after": "exit", "rows": rows},
+        {"t": 1.1, "type": "spawn", "incarnation": 2, "command": "resume", "process": -1},
+        {"t": 1.2, "type": "storage_fault", "fault": "disk", "phase": "broken", "incarnation": 2,
+         "expect": "session_persistence_failed:disk"},
+    ]
+    if shown:
+        events.append({"t": 1.3, "type": "ui", "incarnation": 2, "kind": "interim", "durable": True})
+    if outcome is not None:
+        events.append({"t": 1.4, "type": "outcome", "incarnation": 2, "result": outcome})
+    if returncode is not None:
+        events.append({"t": 1.5, "type": "exit", "incarnation": 2, "returncode": returncode, "signal": None})
+    events += [{"t": 1.6, "type": "storage_fault", "fault": "disk", "phase": "mended", "incarnation": 2},
+               {"t": 1.7, "type": "snapshot", "after": "mend", "rows": rows if rows_after is None else rows_after}]
+    return events
+
+
+CLOSED = {"outcome": "failed", "failure_reason": "session_persistence_failed:disk",
+          "error": "The session database could not grow: its file system is full."}
+
+
+def test_fails_closed_holds_for_a_named_failure_that_changed_nothing() -> None:
+    verdict = fails_closed(_storage_round(outcome=CLOSED))
+    holds(verdict)
+    assert verdict.counts["storage_faults"] == 1
+
+
+def test_fails_closed_holds_trivially_without_storage_faults() -> None:
+    holds(fails_closed([{"t": 1.0, "type": "snapshot", "after": "exit", "rows": {}}]))
+
+
+@pytest.mark.parametrize("broken, message", [
+    (dict(outcome=dict(CLOSED, failure_reason="session_persistence_failed:unknown")), "did not fail as"),
+    (dict(outcome=dict(CLOSED, error="")), "did not fail as"),
+    (dict(outcome=None), "did not fail as"),
+    (dict(outcome=CLOSED, returncode=2), "did not exit 1"),
+    (dict(outcome=CLOSED, returncode=None), "did not exit 1"),
+    (dict(outcome=CLOSED, shown=True), "still showed"),
+    (dict(outcome=CLOSED, rows_after={}), "rows changed"),
+])
+def test_fails_closed_names_each_way_of_not_failing_closed(broken: dict[str, Any], message: str) -> None:
+    verdict = fails_closed(_storage_round(**broken))
+    assert any(message in v.message for v in verdict.violations), verdict.to_json()
+    failing(verdict, "fails-closed")
 
 
 def test_turn_liveness_fails_on_a_turn_left_running(scenario: Scenario) -> None:

@@ -503,7 +503,8 @@ def test_worker_on_an_immutable_database_fails_readonly_then_recovers(tmp_path: 
 @pytest.mark.xdist_group("chaos")
 def test_worker_in_a_read_only_directory_names_the_cause(tmp_path: Path, worker_server) -> None:
     """A read-only bind mount: SQLite cannot even open the database (it needs to create its WAL
-    index next to it). The worker says so in one line, naming `readonly`, and exits 2."""
+    index next to it). That is a storage failure like any other: the worker's outcome names
+    `readonly` with an error for a person, it exits 1, and the database is left untouched."""
     source, mountpoint = tmp_path / "data", tmp_path / "ro-view"
     source.mkdir()
     mountpoint.mkdir()
@@ -520,10 +521,10 @@ def test_worker_in_a_read_only_directory_names_the_cause(tmp_path: Path, worker_
                                         message="and again"), workdir=tmp_path, env=env)
     finally:
         _umount(mountpoint)
-    assert failed.returncode == 2, failed.describe()
-    line = failed.stderr.strip().splitlines()[-1]
-    assert line.startswith("worker: error: session_persistence_failed:readonly:"), failed.describe()
-    assert "read-only" in line and "Traceback" not in failed.stderr
+    assert failed.returncode == 1, failed.describe()
+    outcome = json.loads(failed.stdout.strip().splitlines()[-1])
+    assert outcome["failure_reason"] == "session_persistence_failed:readonly", failed.describe()
+    assert "read-only" in outcome["error"] and "Traceback" not in failed.stderr
     again = run_worker(worker_argv("run", source / "state.db", "s-dir", worker_server.base_url,
                                    message="and again"), workdir=tmp_path, env=env)
     assert again.returncode == 0, again.describe()

@@ -165,12 +165,15 @@ def _outcome(result: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
 def _open_db(args: argparse.Namespace) -> SessionDB:
     try:
         db = SessionDB(args.db, synchronous=args.synchronous, busy_budget_s=args.busy_budget)
-    except StorageError as exc:
+    except StorageError as exc:  # not a usable database path at all (a directory, not SQLite, newer schema)
         raise UsageError(str(exc)) from None
-    except sqlite3.Error as exc:  # SQLite could not even open it, e.g. in a read-only directory
-        failure = _storage_failure(args, exc)
-        raise UsageError(f"{failure['failure_reason']}: {failure['error']}") from None
-    if args.command == "resume" and db.get_session(args.session) is None:
+    try:
+        known = args.command != "resume" or db.get_session(args.session) is not None
+    except sqlite3.Error:
+        # The file opened but cannot be read (e.g. corrupt pages): claiming the session next
+        # fails with the same error, and that becomes the turn's named storage failure.
+        return db
+    if not known:
         db.close()
         raise UsageError(f"session {args.session!r} is not in {args.db}")
     return db
@@ -298,7 +301,10 @@ def execute(args: argparse.Namespace, plan: KillPlan | None, die_with_parent: bo
 
     if getattr(args, "target", "hermes") == "hermes-agent":
         return _execute_upstream(args, link)
-    db = _open_db(args)
+    try:
+        db = _open_db(args)
+    except sqlite3.Error as exc:  # SQLite could not open it: a read-only directory, a full disk, ...
+        return _report(args, link, _storage_failure(args, exc))
     log.info("%s started for session %s", args.command, args.session)
     ledger = Ledger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
     chaos_tools.install(ledger, (lambda effect: link.request(dict(effect, type="effect"))) if link else None)
@@ -309,13 +315,19 @@ def execute(args: argparse.Namespace, plan: KillPlan | None, die_with_parent: bo
         out = _storage_failure(args, exc)
     else:
         out = _run_command(args, db, _build_agent(args, db, link))
+    code = _report(args, link, out)
+    db.close()
+    ledger.close()
+    return code
+
+
+def _report(args: argparse.Namespace, link: SupervisorLink | None, out: dict[str, Any]) -> int:
+    """Log, print (one JSON line) and send the outcome; the exit code it stands for."""
     log.info("%s finished: %s %s", args.command, out["outcome"], out.get("failure_reason") or "")
-    print(json.dumps(out, ensure_ascii=False), flush=True)
+    print(json.dumps(out, ensure_ascii=False, default=str), flush=True)
     if link is not None:
         link.finished = True
         link.report({"type": "outcome", "result": out})
-    db.close()
-    ledger.close()
     return EXIT_OK if out["outcome"] in ("completed", "nothing to resume") else EXIT_TURN_FAILED
 
 
@@ -332,12 +344,7 @@ def _execute_upstream(args: argparse.Namespace, link: SupervisorLink | None) -> 
         out = upstream.execute(args, link, ledger)
     finally:
         ledger.close()
-    log.info("%s finished: %s %s", args.command, out["outcome"], out.get("failure_reason") or "")
-    print(json.dumps(out, ensure_ascii=False, default=str), flush=True)
-    if link is not None:
-        link.finished = True
-        link.report({"type": "outcome", "result": out})
-    return EXIT_OK if out["outcome"] in ("completed", "nothing to resume") else EXIT_TURN_FAILED
+    return _report(args, link, out)
 
 
 def main(argv: Sequence[str] | None = None, *, die_with_parent: bool = True) -> int:
