@@ -19,6 +19,7 @@ import random
 import shutil
 import signal
 import socket
+import sys
 import sqlite3
 import tempfile
 import threading
@@ -58,6 +59,7 @@ STALL_WORKER_TIMEOUT_S = 1.0  # the worker's request timeout when `stall` is on 
 STALL_S = 1.5  # how long a stalled request hangs: past that timeout, so the SDK retries
 WORKER_BUSY_BUDGET_S = 2.0
 SESSION = "chaos-session"
+MODEL_REQUEST_LOG = 64  # requests the campaign's model server remembers (the checker reads the database)
 MODEL = "scripted-model"
 
 
@@ -82,7 +84,7 @@ def case_file_stem(case_id: str) -> str:
     return case_id.replace("/", "__").replace(":", "_")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Case:
     scenario: str
     fault: Fault | None = None
@@ -102,7 +104,7 @@ class Case:
         return cls(scenario, None if label in ("", "fault-free") else Fault.parse(label))
 
 
-@dataclass
+@dataclass(slots=True)
 class CaseResult:
     case: Case
     verdict: Verdict
@@ -420,7 +422,7 @@ class CaseRunner:
                  if e["type"] == "probe" and self._where[e["incarnation"]][1] >= 0]
         fired = [f"{e['name']}:{e['n']}" for e in events if e["type"] == "probe" and e.get("kill")]
         return CaseResult(self.case, verdict, self.kills, restarts, time.monotonic() - started, trace, fired,
-                          frozenset(name for (_t, _p, name, _n) in trace), self._repro_flags())
+                          frozenset(sys.intern(name) for (_t, _p, name, _n) in trace), self._repro_flags())
 
 
 def enumerate_cases(mode: str, scenario: str, baseline: CaseResult, config: CampaignConfig,
@@ -499,6 +501,16 @@ class Campaign:
         self.log_sink = log_sink
         self.results: list[CaseResult] = []
         self.baselines: dict[str, CaseResult] = {}
+        self._shared: dict[Any, Any] = {}
+        self._shared_lock = threading.Lock()
+
+    def _share(self, key: Any, make: Callable[[], Any] | None = None) -> Any:
+        """One shared instance per equal value (made by `make`, else the key itself), so the
+        per-case summaries a long campaign keeps hold references, not copies."""
+        with self._shared_lock:
+            if key not in self._shared:
+                self._shared[key] = make() if make is not None else key
+            return self._shared[key]
 
     def _run_cases(self, cases: list[Case], root: Path, base_url: str,
                    keep_traces: bool = False) -> list[CaseResult]:
@@ -516,7 +528,11 @@ class Campaign:
             if not keep_traces:
                 result.trace = []
             if result.verdict.valid is True:  # a pass needs no per-invariant detail in memory
-                result.verdict = Verdict(True, [], {}, result.verdict.name)
+                result.verdict = self._share(("pass", result.verdict.name),
+                                             lambda: Verdict(True, [], {}, result.verdict.name))
+            # Thousands of cases reach the same probes with the same flags: one copy of each.
+            result.reached = self._share(result.reached)
+            result.flags = self._share(result.flags)
             mark = {True: "ok", False: "VIOLATION"}.get(result.verdict.valid, "unknown")  # type: ignore[arg-type]
             self.progress(f"{mark:9} {case.case_id} ({result.seconds:.2f}s, {result.kills} kills)")
             return result
@@ -531,7 +547,7 @@ class Campaign:
         scenarios = [SCENARIOS[name] for name in config.scenarios]
         try:
             script = with_model_faults(campaign_script(scenarios), [f for f in config.faults if f in MODEL_FAULTS])
-            with ScriptedModelServer(script, model=MODEL) as server:
+            with ScriptedModelServer(script, model=MODEL, request_log=MODEL_REQUEST_LOG) as server:
                 if config.case_ids:
                     self.results = self._run_cases([Case.parse(c) for c in config.case_ids], root, server.base_url)
                     return self.results

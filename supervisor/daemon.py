@@ -352,7 +352,7 @@ class Daemon:
             self._release_lock()
             raise
         if not self.config.base_url:
-            self.server = ScriptedModelServer(echo_script(), model=self.model).start()
+            self.server = ScriptedModelServer(echo_script(), model=self.model, request_log=0).start()
             self.base_url = self.server.base_url
         self.pool = Pool(forkserver=self.config.forkserver)
         unfinished = self.db.unfinished_turns()

@@ -10,6 +10,8 @@ fixed number of times per exact request before the good reply comes through.
 
 from __future__ import annotations
 
+import collections
+
 import hashlib
 import ipaddress
 import json
@@ -468,15 +470,20 @@ class ScriptedModelServer:
         model: str = "scripted-model",
         host: str = "127.0.0.1",
         chunk_chars: int = 8,
+        request_log: int | None = None,
     ) -> None:
+        """`request_log`: how many of the latest requests `requests` keeps (None: all of them,
+        as tests want; a campaign or a daemon keeps a few, so its memory stays flat)."""
         if chunk_chars < 1:
             raise ValueError("chunk_chars must be >= 1")
+        if request_log is not None and request_log < 0:
+            raise ValueError("request_log must be >= 0")
         self.script = script
         self.model = model
         self.host = _check_loopback(host)
         self.chunk_chars = chunk_chars
         self._lock = threading.Lock()
-        self._requests: list[dict] = []
+        self._requests: collections.deque[dict] = collections.deque(maxlen=request_log)
         self._fault_counts: dict[str, int] = {}
         self._stopping = threading.Event()
         self._httpd: _HTTPServer | None = None
@@ -558,13 +565,17 @@ class ScriptedModelServer:
     # -- fault accounting -----------------------------------------------
 
     def _take_fault(self, key: str, reply: Reply) -> str | None:
-        """Count this request and decide whether it gets the reply's fault."""
+        """Count this request and decide whether it gets the reply's fault.
+
+        Only requests whose reply carries a fault are counted: a long-running server (the
+        daemon's) must not keep a counter for every conversation it ever answered.
+        """
+        if reply.fault is None:
+            return None
         with self._lock:
             seen = self._fault_counts.get(key, 0)
             self._fault_counts[key] = seen + 1
-        if reply.fault is not None and seen < reply.fault_times:
-            return reply.fault
-        return None
+        return reply.fault if seen < reply.fault_times else None
 
     # -- response construction -------------------------------------------
 

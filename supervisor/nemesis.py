@@ -20,7 +20,7 @@ from dataclasses import dataclass
 FAULT_KINDS = ("probe", "timer", "pause")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Fault:
     kind: str
     turn: int = 0
