@@ -542,10 +542,15 @@ JS = r"""
         });
         state.rows = {};
         rowsNow.forEach(function (row) { state.rows[row.id] = true; });
-        return ["durable rows after exit", rowsNow.length + " row(s)" + (rowsNow.length ? "" : " (no database yet)"),
+        return ["durable rows after " + (e.after === "mend" ? "mending storage" : "exit"), rowsNow.length + " row(s)" + (rowsNow.length ? "" : " (no database yet)"),
                 span, ""];
       case "pause": return ["SIGSTOP", "pid " + e.pid, "", ""];
       case "cont": return ["SIGCONT", "pid " + e.pid, "", ""];
+      case "storage_fault":
+        if (e.phase === "broken") return ["STORAGE " + e.fault, (e.what || "") + "; the next worker must fail as " +
+                                          e.expect, "", "planned"];
+        return ["storage " + e.fault + " " + e.phase, e.reason || "", "", ""];
+      case "model_fault": return ["MODEL " + e.fault, "the next worker talks to " + e.url, "", "planned"];
       default: return [e.type, JSON.stringify(e).slice(0, 160), "", ""];
     }
   }
