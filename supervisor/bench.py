@@ -912,7 +912,9 @@ class _UpstreamSide:
         import hermes_state  # type: ignore[import-not-found]
         import run_agent  # type: ignore[import-not-found]
 
-        home = path.parent / "upstream-home"
+        # One home for every upstream side of the run: upstream installs its log file handler
+        # once per process, so the home must outlive each side's own directory.
+        home = path.parent.parent / "upstream-home"
         (home / "logs").mkdir(parents=True, exist_ok=True)
         with patch("run_agent.OpenAI"), patch("run_agent._hermes_home", home), \
                 patch("run_agent.check_toolset_requirements", return_value={}), \
@@ -983,6 +985,31 @@ def bench_upstream(report: Report, bench_dir: Path, samples: int) -> None:
     report.add(Figure(name, up, "us", ours, ratio=up / ours, target="(informative)",
                       note=(f"hermes-agent {version}, its own synchronous setting; ours at FULL; 10 prior rows growing "
                             f"by one per sample on both sides; median of {len(times['ours'])} interleaved samples")))
+    _bench_upstream_growth(report, bench_dir, max(20, samples // 4), version)
+
+
+def _bench_upstream_growth(report: Report, bench_dir: Path, samples: int, version: str | None) -> None:
+    """Upstream's flush at 10,000 prior rows against 10, the same question as our growth figure."""
+    name = "upstream hermes-agent flush, 10,000 rows vs 10 rows"
+    work = Path(tempfile.mkdtemp(prefix="upstream-growth-", dir=bench_dir))
+    sides: dict[str, Any] = {}
+    try:
+        sides = {"big": _UpstreamSide(work / "big.db", 10_000), "small": _UpstreamSide(work / "small.db", 10)}
+        times = interleave(sides, samples, warmup=5)
+    except Exception as exc:  # noqa: BLE001  (its API is not ours to rely on)
+        report.add(Figure(name, None, "us", note=f"skipped: {type(exc).__name__}: {exc}"))
+        return
+    finally:
+        for side in sides.values():
+            try:
+                side.close()
+            except Exception:  # noqa: BLE001
+                pass
+        shutil.rmtree(work, ignore_errors=True)
+    big, small = _median(times["big"]) * 1e6, _median(times["small"]) * 1e6
+    report.add(Figure(name, big, "us", small, ratio=big / small, target="(informative)",
+                      note=f"hermes-agent {version}; median of {samples} interleaved samples; compare with our "
+                           "'flush 1 msg, 10,000 rows vs 10 rows'"))
 
 
 # ---------------------------------------------------------------------------- entry points
