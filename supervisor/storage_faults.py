@@ -14,7 +14,9 @@ How each fault is made, for real, on the case's own files:
 * disk     -- the case directory is a small tmpfs mounted for the case. The fault checkpoints
   the WAL into the main file and truncates it (so the next write must grow a file), then
   fills the file system with a filler file; mending deletes the filler. Mounting needs root
-  (CAP_SYS_ADMIN): without it the campaign refuses this fault up front and says so.
+  (CAP_SYS_ADMIN): without it the campaign refuses this fault up front and says so. Each
+  mount is released with its case; a supervisor killed mid-case leaves its running cases'
+  mounts behind, named ``hermes-chaos-case`` in /proc/mounts, for ``umount`` to clear.
 * readonly -- the database file is made read-only: ``chattr +i`` as root (root ignores file
   modes), ``chmod 0400`` otherwise. SQLite then opens it read-only and the first write fails
   with SQLITE_READONLY.
