@@ -19,8 +19,8 @@ import random
 import shutil
 import signal
 import socket
-import sys
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
@@ -263,8 +263,8 @@ class CaseRunner:
     def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None) -> WorkerProcess:
         turn = self.scenario.turns[turn_index]
         timeout = STALL_WORKER_TIMEOUT_S if "stall" in self.config.faults else 20.0
-        args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", self._model_url() if process >= 0 else self.base_url,
-                "--model", MODEL, "--ledger", str(self.ledger), "--timeout", str(timeout),
+        url = self._model_url() if process >= 0 else self.base_url  # a storage-fault worker never gets far
+        args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", url, "--model", MODEL, "--ledger", str(self.ledger), "--timeout", str(timeout),
                 "--busy-budget", str(WORKER_BUSY_BUDGET_S),
                 *self.scenario.extra_args(command)]
         if self.config.target != "hermes":
