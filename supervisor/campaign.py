@@ -264,8 +264,8 @@ class CaseRunner:
         turn = self.scenario.turns[turn_index]
         timeout = STALL_WORKER_TIMEOUT_S if "stall" in self.config.faults else 20.0
         url = self._model_url() if process >= 0 else self.base_url  # a storage-fault worker never gets far
-        args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", url, "--model", MODEL, "--ledger", str(self.ledger), "--timeout", str(timeout),
-                "--busy-budget", str(WORKER_BUSY_BUDGET_S),
+        args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", url, "--model", MODEL,
+                "--ledger", str(self.ledger), "--timeout", str(timeout), "--busy-budget", str(WORKER_BUSY_BUDGET_S),
                 *self.scenario.extra_args(command)]
         if self.config.target != "hermes":
             args += ["--target", self.config.target]
