@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hermes.probes import POINTS
 from supervisor import cli, upstream_schema
 from supervisor.checker import check_structure
 from worker import upstream
@@ -67,10 +68,13 @@ def test_without_hermes_agent_the_command_says_how_to_get_it(capsys: pytest.Capt
     assert "pip install 'hermes-supervisor[upstream]'" in capsys.readouterr().err
 
 
+needs_upstream = pytest.mark.skipif(not upstream.available(),
+                                    reason="hermes-agent is not installed (pip install 'hermes-supervisor[upstream]' "
+                                           "installs hermes-agent==0.19.0)")
+
+
 @pytest.mark.chaos
-@pytest.mark.skipif(not upstream.available(),
-                    reason="hermes-agent is not installed (pip install 'hermes-supervisor[upstream]' "
-                           "installs hermes-agent==0.19.0)")
+@needs_upstream
 def test_one_upstream_case_end_to_end(tmp_path: Path) -> None:
     from supervisor.campaign import Campaign, CampaignConfig
 
@@ -83,3 +87,29 @@ def test_one_upstream_case_end_to_end(tmp_path: Path) -> None:
     assert result.verdict.valid is False  # upstream shows the tool result before it is durable
     names = {v.invariant for v in result.verdict.violations}
     assert "durable-before-visible" in names, names
+
+
+@pytest.mark.chaos
+@needs_upstream
+def test_the_adapter_places_the_model_flush_txn_and_resume_probes(tmp_path: Path) -> None:
+    from supervisor.campaign import Campaign, CampaignConfig, case_file_stem
+
+    in_txn = "single-tool/probe:self@flush.in_txn:2@t0p0+probe:self@resume.reconciled:1@t0p1"
+    chunk = "single-tool/probe:self@model.chunk:3@t0p0+probe:self@resume.begin:1@t0p1"
+    config = CampaignConfig(scenarios=["single-tool", "writes"], jobs=2, workdir=tmp_path / "work",
+                            target="hermes-agent", case_ids=("writes/fault-free", in_txn, chunk),
+                            case_files=tmp_path / "cases")
+    results = {r.case.case_id: r for r in Campaign(config).run()}
+
+    # A fault-free turn (writes has interim text) meets every point but compaction (upstream does
+    # not compact a few hundred tokens) and recovery (nothing to recover).
+    assert results["writes/fault-free"].reached == set(POINTS) - {"compact.in_txn", "resume.begin",
+                                                                   "resume.reconciled"}
+    assert results[in_txn].fired == ["flush.in_txn:2", "resume.reconciled:1"]
+    assert results[chunk].fired == ["model.chunk:3", "resume.begin:1"]
+
+    # flush.in_txn sits inside the row's transaction: the killed worker's second row (the assistant's
+    # tool call, written but not committed) is gone, only the first (the user message) is durable.
+    events = json.loads((tmp_path / "cases" / f"{case_file_stem(in_txn)}.json").read_text())["events"]
+    first = next(e for e in events if e["type"] == "snapshot")
+    assert [row["role"] for row in first["rows"].values()] == ["user"]

@@ -1,7 +1,8 @@
 """The upstream target: run a turn with upstream Hermes (PyPI `hermes-agent`) inside the worker.
 
 `python -m worker run|resume --target hermes-agent ...` uses this module instead of our
-runtime. Nothing of upstream is edited; everything is wrapped at run time:
+runtime. Nothing of upstream is edited; everything is wrapped at run time, on the objects
+this module creates (the agent, its `SessionDB`) or in `run_agent`'s namespace:
 
 - upstream's `AIAgent` talks to the scripted model server (`--base-url`), writes its own
   `state.db` schema to `--db` (upstream's `SessionDB`), and gets a private home
@@ -10,15 +11,40 @@ runtime. Nothing of upstream is edited; everything is wrapped at run time:
 - the chaos tools (worker.chaos_tools, the same ledger and effect reports) replace
   upstream's tool set: `run_agent.get_tool_definitions` and
   `run_agent.handle_function_call` are swapped at run time (upstream looks both up
-  through the `run_agent` module at call time);
-- the same named probes as our runtime fire around upstream's flush
-  (`_flush_messages_to_session_db`: flush.begin / flush.committed), its UI callbacks
-  (callback.interim.*, callback.tool_complete.*), each tool dispatch
-  (tool.dispatch.*), each model call (model.request / model.response, by wrapping the
-  client's `chat.completions.create`), and the turn (turn.start, finalize.*: around
-  `run_conversation`). Upstream has no compaction in these scenarios, no
-  dispatch-intent transaction and no recovery step, so `flush.in_txn`,
-  `compact.in_txn` and `resume.*` never fire here; `model.chunk` is not wired.
+  through the `run_agent` module at call time).
+
+Probes. Of our 18 kill points (hermes.probes.POINTS), these fire on upstream 0.19.0:
+
+- `turn.start`, `finalize.before` / `finalize.after`: around `run_conversation`;
+- `model.request` / `model.response`: around each model call of the turn loop
+  (`_interruptible_streaming_api_call` / `_interruptible_api_call`; upstream makes the
+  HTTP request on a per-request client in a helper thread, so wrapping the agent's
+  shared client would never see it);
+- `model.chunk`: after upstream has taken each streamed chunk (it asks for the next
+  one). Upstream streams every model call, with or without `--stream` (it prefers
+  streaming for its stale-stream detection), so this fires in every scenario, on the
+  helper thread that reads the stream;
+- `flush.begin` / `flush.committed`: around `_flush_messages_to_session_db`, once per
+  flush, whether or not it has new rows;
+- `flush.in_txn`: inside each row's write transaction, after upstream's INSERT (and
+  its counter UPDATE) and before its COMMIT. Upstream commits a flush row by row
+  (`SessionDB.append_message`, one `BEGIN IMMEDIATE ... COMMIT` each), so a flush of
+  k new rows hits this k times and a kill here can leave a flush half committed;
+- `callback.interim.*`, `callback.tool_complete.*`: around upstream's UI callbacks;
+- `tool.dispatch.*`: around each tool dispatch (`handle_function_call`);
+- `resume.begin` / `resume.reconciled`: in this module's `resume()`, the recovery
+  step (upstream has none of its own, see below): begin before the durable
+  conversation is loaded, reconciled once the message to re-send is chosen. They appear
+  only where a worker died and the turn was resumed: self-kill (its tool restarts the
+  worker), and the recovery runs of double, random and pause modes.
+
+`compact.in_txn` cannot fire. Upstream compacts (`SessionDB.archive_and_compact`)
+only when its token estimate crosses its threshold, a share of the model's context
+window never below 64,000 tokens, while every scenario stays at a few hundred tokens;
+our `--compact-above ROWS` trigger has no upstream counterpart. Compression is also
+switched off here, because upstream's summary request (its own prompt, through its
+auxiliary client) is not one the scripted model answers. So in multi-turn-compaction
+upstream runs its three turns uncompacted.
 
 Resume: upstream has no automatic recovery of an interrupted turn. What a restarted
 upstream agent does is load the session's stored conversation and take the message
@@ -30,6 +56,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -82,6 +110,28 @@ def _turns(conversation: list[dict[str, Any]]) -> tuple[int, str | None, bool]:
     return index, text, answered
 
 
+class _ChunkProbe:
+    """Upstream's model stream, firing `model.chunk` each time upstream has taken a chunk.
+
+    Upstream reads the stream with `for chunk in stream` and otherwise only looks at a
+    few attributes (`response`, whether it has `choices`); those pass through. The probe
+    fires when upstream asks for the next chunk, i.e. once it has handled the previous
+    one (delivered its delta), which is where our runtime's `model.chunk` sits too.
+    """
+
+    def __init__(self, stream: Any, fire: Callable[[], None]) -> None:
+        self._stream = stream
+        self._fire = fire
+
+    def __iter__(self) -> Iterator[Any]:
+        for chunk in self._stream:
+            yield chunk
+            self._fire()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class UpstreamTarget:
     def __init__(self, args: Any, project: Callable[..., None]) -> None:
         self.args = args
@@ -95,6 +145,7 @@ class UpstreamTarget:
         self.turn_id: str | None = None
         self.toolsets = [t.strip() for t in args.tools.split(",") if t.strip()]
         self._patch_module()
+        self._wrap_db()
 
     # ------------------------------------------------------------- wrapping
     def _patch_module(self) -> None:
@@ -133,6 +184,43 @@ class UpstreamTarget:
         except ImportError:
             pass
 
+    def _wrap_db(self) -> None:
+        """`flush.in_txn` inside each message row's write transaction, before its COMMIT.
+
+        `SessionDB.append_message` (called by the agent's flush, once per new row) hands its
+        INSERT to `_execute_write(fn)`, which runs BEGIN IMMEDIATE; fn(conn); COMMIT. Both are
+        looked up on the instance, so wrapping them on our instance reaches that transaction
+        without touching upstream's code: while an append is under way, `fn` is wrapped so the
+        probe fires once the row is written and before it is committed. Other writes
+        (session rows, token counts) pass through unprobed, as in our runtime.
+        """
+        db = self.db
+        append_message = db.append_message
+        execute_write = db._execute_write
+        appending = threading.local()  # per thread, in case upstream ever appends off the turn's thread
+
+        def wrapped_append(*a: Any, **k: Any) -> Any:
+            appending.active, appending.role = True, k.get("role", a[1] if len(a) > 1 else None)
+            try:
+                return append_message(*a, **k)
+            finally:
+                appending.active = False
+
+        def wrapped_execute_write(fn: Callable[[Any], Any], *a: Any, **k: Any) -> Any:
+            if not getattr(appending, "active", False):
+                return execute_write(fn, *a, **k)
+            role = appending.role
+
+            def in_txn(conn: Any) -> Any:
+                out = fn(conn)  # the row and the session's counters are written, not yet committed
+                probes.fire("flush.in_txn", session=self.args.session, turn=self.turn_id, role=role)
+                return out
+
+            return execute_write(in_txn, *a, **k)
+
+        db.append_message = wrapped_append
+        db._execute_write = wrapped_execute_write
+
     def _wrap_agent(self, agent: Any) -> None:
         session = self.args.session
         flush = agent._flush_messages_to_session_db
@@ -145,20 +233,58 @@ class UpstreamTarget:
 
         agent._flush_messages_to_session_db = wrapped_flush
 
-        client = getattr(agent, "client", None)
-        completions = getattr(getattr(client, "chat", None), "completions", None)
-        create = getattr(completions, "create", None)
-        if create is not None:
-            def wrapped_create(*a: Any, **k: Any) -> Any:
-                probes.fire("model.request", session=session, turn=self.turn_id)
-                out = create(*a, **k)
-                probes.fire("model.response", session=session, turn=self.turn_id)
+        # model.request / model.response: the turn loop calls one of these two per model call.
+        # The streaming one may fall back to the other through the agent, so only the outermost
+        # call of a model request fires.
+        calling = threading.local()
+
+        def around_model_call(call: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapped(*a: Any, **k: Any) -> Any:
+                if getattr(calling, "active", False):
+                    return call(*a, **k)
+                calling.active = True
+                try:
+                    probes.fire("model.request", session=session, turn=self.turn_id)
+                    out = call(*a, **k)
+                    probes.fire("model.response", session=session, turn=self.turn_id)
+                    return out
+                finally:
+                    calling.active = False
+
+            return wrapped
+
+        agent._interruptible_streaming_api_call = around_model_call(agent._interruptible_streaming_api_call)
+        agent._interruptible_api_call = around_model_call(agent._interruptible_api_call)
+
+        # model.chunk: upstream builds a fresh OpenAI client for every request and reads the
+        # stream on a helper thread; wrap the stream that client's create() returns.
+        make_client = agent._create_request_openai_client
+
+        def fire_chunk() -> None:
+            probes.fire("model.chunk", session=session, turn=self.turn_id)
+
+        def wrapped_make_client(*a: Any, **k: Any) -> Any:
+            client = make_client(*a, **k)
+            completions = getattr(getattr(client, "chat", None), "completions", None)
+            create = getattr(completions, "create", None)
+            if create is None:
+                return client
+
+            def create_probed(*ca: Any, **ck: Any) -> Any:
+                out = create(*ca, **ck)
+                # Only a real stream is wrapped: upstream tells a whole response (some adapters
+                # answer stream=True with one) from a stream by its `choices` attribute.
+                if ck.get("stream") and not hasattr(out, "choices"):
+                    return _ChunkProbe(out, fire_chunk)
                 return out
 
             try:
-                completions.create = wrapped_create
+                completions.create = create_probed
             except (AttributeError, TypeError):
-                log.warning("cannot wrap the model client; model.* probes are not wired")
+                log.warning("cannot wrap upstream's request client; model.chunk is not wired")
+            return client
+
+        agent._create_request_openai_client = wrapped_make_client
 
     def _callbacks(self) -> dict[str, Callable[..., None]]:
         session = self.args.session
@@ -183,7 +309,7 @@ class UpstreamTarget:
             provider="custom", model=a.model, session_id=a.session, session_db=self.db,
             enabled_toolsets=self.toolsets, quiet_mode=True, skip_context_files=True, skip_memory=True,
             save_trajectories=False, max_iterations=30, tool_delay=0.0, **self._callbacks())
-        agent.compression_enabled = False
+        agent.compression_enabled = False  # no summary request the scripted model cannot answer (module docstring)
         if a.system_prompt is not None:
             agent._cached_system_prompt = a.system_prompt
         self._wrap_agent(agent)
@@ -227,13 +353,21 @@ class UpstreamTarget:
         return self._run(self.args.message, history, wanted)
 
     def resume(self) -> dict[str, Any]:
+        """The recovery step upstream lacks: reload the stored history, take the interrupted message again."""
+        session = self.args.session
+        probes.fire("resume.begin", session=session)
         history = self._conversation()
         index, text, answered = _turns(history)
         if index < 0 or answered:
             return {"outcome": "nothing to resume", "target": TARGET}
-        # Upstream's own restart: reload the stored history and take the interrupted message again.
+        # Everything from the interrupted turn's (last) user row on is dropped from the history
+        # sent back; upstream appends the re-sent message and its rows after the stored ones.
         cut = max(i for i, m in enumerate(history) if m.get("role") == "user")
-        return self._run(text or "", history[:cut], f"turn-{index}")
+        turn_id = f"turn-{index}"
+        self.turn_id = turn_id
+        probes.fire("resume.reconciled", session=session, turn=turn_id, action="resend",
+                    dropped=len(history) - cut)
+        return self._run(text or "", history[:cut], turn_id)
 
     def close(self) -> None:
         try:
