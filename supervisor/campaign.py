@@ -79,6 +79,20 @@ def refusing_url() -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
+def _claim_dir(root: Path, stem: str) -> Path:
+    """A new directory for one run of a case: `stem`, or `stem~N` when that case already
+    ran (random mode may draw a case twice; two runs must never share files)."""
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for n in range(1, 1_000_000):
+        path = root / (stem if n == 1 else f"{stem}~{n}")
+        try:
+            path.mkdir(mode=0o700)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free directory for case {stem} under {root}")
+
+
 def case_file_stem(case_id: str) -> str:
     """A file name for a case: stable, readable, and free of path separators."""
     return case_id.replace("/", "__").replace(":", "_")
@@ -156,7 +170,7 @@ class CaseRunner:
                  config: CampaignConfig, on_log: Callable[[WorkerProcess, bytes], None] | None = None) -> None:
         self.case = case
         self.scenario: Scenario = SCENARIOS[case.scenario]
-        self.dir = root / case_file_stem(case.case_id)
+        self.dir = _claim_dir(root, case_file_stem(case.case_id))
         self.db = self.dir / "state.db"
         self.ledger = self.dir / "effects.db"
         self.base_url = base_url
@@ -375,7 +389,6 @@ class CaseRunner:
         return process + 1
 
     def run(self) -> CaseResult:
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             for fault in self._storage_faults:
                 fault.prepare()

@@ -287,3 +287,11 @@ def test_model_faults_end_turns_failed_and_named_or_are_absorbed(fault: str, rea
         assert reasons == {"completed"}, reasons
     else:
         assert reason in reasons, reasons
+
+
+def test_a_case_drawn_twice_gets_a_directory_of_its_own_each_time(tmp_path: Path) -> None:
+    from supervisor.campaign import _claim_dir
+
+    first, second = _claim_dir(tmp_path, "writes__x"), _claim_dir(tmp_path, "writes__x")
+    assert first != second and first.is_dir() and second.is_dir()
+    assert stat.S_IMODE(second.stat().st_mode) == 0o700
