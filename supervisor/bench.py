@@ -951,6 +951,16 @@ class _GrowingFlushSide(_FlushSide):
         pass
 
 
+def _close_sides(sides: dict[str, Any], work: Path) -> None:
+    """Close every upstream side, whatever its API does, then remove its files."""
+    for side in sides.values():
+        try:
+            side.close()
+        except Exception:  # noqa: BLE001  (its API is not ours to rely on)
+            pass
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def bench_upstream(report: Report, bench_dir: Path, samples: int) -> None:
     name = "upstream hermes-agent flush vs ours (same workload)"
     version = None
@@ -975,12 +985,7 @@ def bench_upstream(report: Report, bench_dir: Path, samples: int) -> None:
                                                   f"({type(exc).__name__}: {exc})"))
         return
     finally:
-        for side in sides.values():
-            try:
-                side.close()
-            except Exception:  # noqa: BLE001
-                pass
-        shutil.rmtree(work, ignore_errors=True)
+        _close_sides(sides, work)
     up, ours = _median(times["upstream"]) * 1e6, _median(times["ours"]) * 1e6
     report.add(Figure(name, up, "us", ours, ratio=up / ours, target="(informative)",
                       note=(f"hermes-agent {version}, its own synchronous setting; ours at FULL; 10 prior rows growing "
@@ -1000,12 +1005,7 @@ def _bench_upstream_growth(report: Report, bench_dir: Path, samples: int, versio
         report.add(Figure(name, None, "us", note=f"skipped: {type(exc).__name__}: {exc}"))
         return
     finally:
-        for side in sides.values():
-            try:
-                side.close()
-            except Exception:  # noqa: BLE001
-                pass
-        shutil.rmtree(work, ignore_errors=True)
+        _close_sides(sides, work)
     big, small = _median(times["big"]) * 1e6, _median(times["small"]) * 1e6
     report.add(Figure(name, big, "us", small, ratio=big / small, target="(informative)",
                       note=f"hermes-agent {version}; median of {samples} interleaved samples; compare with our "

@@ -49,6 +49,7 @@ from hermes.resume import resume_interrupted_turn
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, Tool, ToolContext, registry
+from supervisor import storage_faults
 from supervisor.checker import check_structure
 from supervisor.modelserver import Reply, ToolCallSpec, turn_script
 from workerutil import (CHORE_CALLS, CHORES, CHORES_ANSWER, INTERIM, SCRIPT as WORKER_SCRIPT, WorkerProcess,
@@ -295,48 +296,21 @@ class ImmutableFile(Fault):
 
 
 class DamagedPages(Fault):
-    """Overwrite every b-tree root page except the schema page, under the running agent."""
+    """Overwrite every b-tree root page except the schema page, under the running agent
+    (the same damage as the chaos nemesis, supervisor.storage_faults.DamagedPages)."""
 
     cause = "corrupt"
 
     def __init__(self, tmp_path: Path) -> None:
         super().__init__(tmp_path)
-        self.saved: dict[int, bytes] = {}
-        self.page_size = 0
-
-    @staticmethod
-    def _touch(conn: sqlite3.Connection) -> None:
-        """A commit that writes only the header page, so every other connection drops its page cache."""
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        conn.execute(f"PRAGMA user_version = {version}")
+        self.pages = storage_faults.DamagedPages(tmp_path)
 
     def inject(self, bench: Bench) -> None:
-        path = bench.db_path
-        with sqlite3.connect(path, isolation_level=None) as conn:
-            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            assert busy == 0, "the checkpoint must move every page into the main file"
-            self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-            roots = [r for (r,) in conn.execute("SELECT rootpage FROM sqlite_master WHERE rootpage > 1")]
-            with open(path, "r+b") as fh:
-                for page in roots:
-                    fh.seek((page - 1) * self.page_size)
-                    self.saved[page] = fh.read(self.page_size)
-                    fh.seek((page - 1) * self.page_size)
-                    fh.write(b"\xa5" * self.page_size)
-                fh.flush()
-                os.fsync(fh.fileno())
-            self._touch(conn)
-        conn.close()
+        self.pages.break_storage(bench.db_path)
 
     def restore(self, bench: Bench) -> None:
-        with open(bench.db_path, "r+b") as fh:
-            for page, data in self.saved.items():
-                fh.seek((page - 1) * self.page_size)
-                fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        self.pages.mend(bench.db_path)
         with sqlite3.connect(bench.db_path, isolation_level=None) as conn:
-            self._touch(conn)
             assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         conn.close()
 
