@@ -25,7 +25,7 @@ from hermes.state import SessionDB, StorageError
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT
 from supervisor.history import canonical_json, is_blank_assistant, row_digest, summarize_row
 from worker.ledger import Ledger
-from worker.protocol import KillPlan
+from worker.protocol import EXIT_TURN_FAILED, KillPlan
 
 UNKNOWN = "unknown"
 DEFAULT_MAX_RESTARTS = 10
@@ -35,7 +35,6 @@ INVARIANTS = ("durable-before-visible", "durable-before-effect", "no-lost-rows",
               "coverage")
 (DURABLE_BEFORE_VISIBLE, DURABLE_BEFORE_EFFECT, NO_LOST_ROWS, NO_DUPLICATE_ROWS, WELL_FORMED,
  EFFECT_SEMANTICS, TURN_LIVENESS, ANSWER_ONCE, SANITIZE_PURE, FAILS_CLOSED, COVERAGE) = INVARIANTS
-EXIT_TURN_FAILED = 1  # the worker's exit code for a turn that ended failed (worker.main)
 
 # The tools of worker/chaos_tools.py: each records every real execution in the ledger,
 # so for them "a result that claims success" implies "an execution row exists". Other

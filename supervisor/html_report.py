@@ -542,8 +542,8 @@ JS = r"""
         });
         state.rows = {};
         rowsNow.forEach(function (row) { state.rows[row.id] = true; });
-        return ["durable rows after " + (e.after === "mend" ? "mending storage" : "exit"), rowsNow.length + " row(s)" + (rowsNow.length ? "" : " (no database yet)"),
-                span, ""];
+        return ["durable rows after " + (e.after === "mend" ? "mending storage" : "exit"),
+                rowsNow.length + " row(s)" + (rowsNow.length ? "" : " (no database yet)"), span, ""];
       case "pause": return ["SIGSTOP", "pid " + e.pid, "", ""];
       case "cont": return ["SIGCONT", "pid " + e.pid, "", ""];
       case "storage_fault":

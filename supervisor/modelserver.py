@@ -11,7 +11,6 @@ fixed number of times per exact request before the good reply comes through.
 from __future__ import annotations
 
 import collections
-
 import hashlib
 import ipaddress
 import json

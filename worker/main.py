@@ -29,10 +29,9 @@ from hermes.state import SessionDB, StorageError
 from worker import chaos_tools
 from worker.ledger import Ledger
 from worker.link import ProbeWiring, SupervisorLink
-from worker.protocol import KILL_MODES, Channel, ChannelClosed, KillPlan
+from worker.protocol import EXIT_OK, EXIT_TURN_FAILED, EXIT_USAGE, KILL_MODES, Channel, ChannelClosed, KillPlan
 
 log = logging.getLogger("worker")
-EXIT_OK, EXIT_TURN_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class UsageError(Exception):

@@ -24,6 +24,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+# A worker's exit status: 0 the turn completed (or there was nothing to resume), 1 the turn
+# ended failed (its outcome says why), 2 bad arguments. The supervisor judges by them too.
+EXIT_OK, EXIT_TURN_FAILED, EXIT_USAGE = 0, 1, 2
+
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
 # self: the worker SIGKILLs itself; external: it reports and blocks until the supervisor kills it;
