@@ -9,6 +9,14 @@ Results are always appended, flushed and projected on the calling thread, in the
 order the model emitted the calls, so the transcript's order never depends on
 which thread finished first.
 
+An interrupted batch (KeyboardInterrupt) still answers every call, truthfully, before
+the interrupt propagates: a call whose dispatch intent may be committed and which may
+have started gets the unknown-outcome result (its effect may have happened); a call
+that certainly never started gets ``CANCELLED_RESULT``; a call that finished keeps its
+real result. The only calls with a committed intent that are answered "cancelled" are
+concurrent ones whose future was cancelled before a pool thread picked it up (or was
+never submitted): those provably never ran.
+
 Dispatch goes through ``agent._dispatch_tool`` (sequential) and ``agent._invoke_tool``
 (concurrent); ``maybe_persist_tool_result`` is looked up in this module at call time.
 """
@@ -24,7 +32,8 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hermes import probes
-from hermes.tools import tool_error
+from hermes.resume import UNKNOWN_OUTCOME
+from hermes.tools import tool_error, tool_failure_message
 from hermes.transcript import make_tool_result_message, normalize_tool_calls
 
 if TYPE_CHECKING:
@@ -32,6 +41,7 @@ if TYPE_CHECKING:
 
 SPILL_THRESHOLD_CHARS = 100_000
 SPILL_PREVIEW_CHARS = 4_000
+# Only for a call that never started: one that may have run is answered UNKNOWN_OUTCOME.
 CANCELLED_RESULT = "[cancelled: the turn was interrupted before this tool call finished]"
 
 
@@ -122,10 +132,25 @@ def _finish_call(agent: "AIAgent", call: dict[str, Any], args: dict[str, Any] | 
     return True
 
 
-def _cancel_rest(agent: "AIAgent", calls: list[dict[str, Any]], messages: list[dict[str, Any]]) -> None:
-    """Answer every call left in the batch as cancelled, so no tool call dangles, then save."""
-    for call in calls:
-        message = make_tool_result_message(call["function"]["name"], CANCELLED_RESULT, call["id"])
+def _answered_since(messages: list[dict[str, Any]], start: int) -> set[str]:
+    """Ids of the tool calls answered by messages appended at or after index `start`."""
+    return {m.get("tool_call_id") for m in messages[start:] if m.get("role") == "tool"}
+
+
+def _answer_interrupted(agent: "AIAgent", answers: list[tuple[dict[str, Any], str]],
+                        messages: list[dict[str, Any]]) -> None:
+    """Append one result per (call, content), in the order given, then save them in one flush.
+
+    The flush also saves a result the interrupt caught between its append and its commit.
+    Nothing is shown: the turn is being interrupted. A result big enough to spill is
+    spilled like any other, so the transcript never holds an oversized row.
+    """
+    for call, content in answers:
+        name, call_id = call["function"]["name"], call["id"]
+        if content not in (UNKNOWN_OUTCOME, CANCELLED_RESULT):
+            content = maybe_persist_tool_result(content=content, tool_name=name, tool_call_id=call_id,
+                                                spill_dir=agent._spill_dir())
+        message = make_tool_result_message(name, content, call_id)
         message["_turn_id"] = agent._current_turn_id
         messages.append(message)
     agent._flush_incremental(messages)
@@ -134,23 +159,54 @@ def _cancel_rest(agent: "AIAgent", calls: list[dict[str, Any]], messages: list[d
 def execute_tool_calls_sequential(agent: "AIAgent", assistant_message: Any,
                                   messages: list[dict[str, Any]], task_id: str | None) -> None:
     calls = normalize_tool_calls(getattr(assistant_message, "tool_calls", None))
-    for index, call in enumerate(calls):
-        if agent._incremental_persistence_failed:
-            return
-        args, error = _prepare(agent, call)
-        if error is not None:
-            if not _finish_call(agent, call, None, error, messages):
+    start = len(messages)
+    # Calls whose intent may be committed: from the moment recording starts, since an interrupt
+    # inside the write cannot tell whether its COMMIT happened.
+    intended: set[str] = set()
+    try:
+        for call in calls:
+            if agent._incremental_persistence_failed:
                 return
-            continue
-        if not agent._record_dispatch_intents([call]):
-            return
-        try:
+            args, error = _prepare(agent, call)
+            if error is not None:
+                if not _finish_call(agent, call, None, error, messages):
+                    return
+                continue
+            intended.add(call["id"])
+            if not agent._record_dispatch_intents([call]):
+                return
             result = agent._dispatch_tool(call, args, task_id)
-        except KeyboardInterrupt:
-            _cancel_rest(agent, calls[index:], messages)
-            raise
-        if not _finish_call(agent, call, args, result, messages):
-            return
+            if not _finish_call(agent, call, args, result, messages):
+                return
+    except KeyboardInterrupt:
+        answered = _answered_since(messages, start)
+        # The interrupted call may have had its effect; the calls after it never started.
+        _answer_interrupted(agent, [(call, UNKNOWN_OUTCOME if call["id"] in intended else CANCELLED_RESULT)
+                                    for call in calls if call["id"] not in answered], messages)
+        raise
+
+
+def _settled_result(call: dict[str, Any], future: Future[Any]) -> str:
+    """What a finished future's call returned (or the error result the batch would have recorded)."""
+    try:
+        return future.result(timeout=0)
+    except Exception as exc:
+        return tool_error(tool_failure_message(call["function"]["name"], exc))
+    except BaseException:
+        # The tool itself was interrupted part way: whatever it did before is unknown.
+        return UNKNOWN_OUTCOME
+
+
+def _interrupted_answer(call: dict[str, Any], error: str | None, future: Future[Any] | None) -> str:
+    """The truthful result of one call of an interrupted concurrent batch; never waits on a tool."""
+    if error is not None:
+        return error  # refused before dispatch: its real result
+    if future is not None and not future.cancel() and future.done():
+        return _settled_result(call, future)
+    # Still running, or never started although its dispatch intent is (or may be) committed:
+    # a call with an intent is never answered "cancelled", since only its ledger could prove
+    # that it never ran. Recovery and the model treat it as a call whose effect is unknown.
+    return UNKNOWN_OUTCOME
 
 
 def execute_tool_calls_concurrent(agent: "AIAgent", assistant_message: Any,
@@ -160,12 +216,14 @@ def execute_tool_calls_concurrent(agent: "AIAgent", assistant_message: Any,
         return
     prepared = [_prepare(agent, call) for call in calls]
     runnable = [call for call, (_, error) in zip(calls, prepared) if error is None]
-    if runnable and not agent._record_dispatch_intents(runnable):
-        return
-    pool = ThreadPoolExecutor(max_workers=max(1, min(len(runnable), agent.max_concurrent_tools)),
-                              thread_name_prefix="hermes-tool")
+    pool: ThreadPoolExecutor | None = None
     futures: dict[int, Future[Any]] = {}
+    start = len(messages)
     try:
+        if runnable and not agent._record_dispatch_intents(runnable):
+            return
+        pool = ThreadPoolExecutor(max_workers=max(1, min(len(runnable), agent.max_concurrent_tools)),
+                                  thread_name_prefix="hermes-tool")
         for index, (call, (args, error)) in enumerate(zip(calls, prepared)):
             if error is None:
                 probes.fire("tool.dispatch.before", **agent._probe_ids(tool_call_id=call["id"]))
@@ -177,18 +235,22 @@ def execute_tool_calls_concurrent(agent: "AIAgent", assistant_message: Any,
             else:
                 try:
                     result = futures[index].result()
-                except KeyboardInterrupt:
-                    _cancel_rest(agent, calls[index:], messages)
-                    raise
                 except Exception as exc:
-                    result = tool_error(f"tool {call['function']['name']!r} failed: {type(exc).__name__}: {exc}")
+                    result = tool_error(tool_failure_message(call["function"]["name"], exc))
                 probes.fire("tool.dispatch.after", **agent._probe_ids(tool_call_id=call["id"]))
             if not _finish_call(agent, call, args, result, messages):
                 return
+    except KeyboardInterrupt:
+        answered = _answered_since(messages, start)
+        _answer_interrupted(agent, [(call, _interrupted_answer(call, error, futures.get(index)))
+                                    for index, (call, (_, error)) in enumerate(zip(calls, prepared))
+                                    if call["id"] not in answered], messages)
+        raise
     finally:
-        # Finished tools have finished; a tool still running cannot be stopped from here,
-        # so do not wait on it when the batch is abandoned (its outcome stays unknown).
-        pool.shutdown(wait=False, cancel_futures=True)
+        # Every future is settled or answered by now; a tool still running cannot be stopped
+        # from here, and waiting on it would hold the interrupt hostage.
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 def plan_segments(agent: "AIAgent", tool_calls: list[Any]) -> list[tuple[str, list[Any]]]:
@@ -210,11 +272,20 @@ def execute_tool_calls_segmented(agent: "AIAgent", assistant_message: Any, messa
     """Run each segment with its executor; stop at the first persistence failure."""
     if segments is None:
         segments = plan_segments(agent, list(getattr(assistant_message, "tool_calls", None) or ()))
-    for kind, calls in segments:
-        if agent._incremental_persistence_failed:
-            return
-        part = SimpleNamespace(content=getattr(assistant_message, "content", None), tool_calls=calls)
-        if kind == "parallel":
-            execute_tool_calls_concurrent(agent, part, messages, task_id)
-        else:
-            execute_tool_calls_sequential(agent, part, messages, task_id)
+    start = len(messages)
+    try:
+        for kind, calls in segments:
+            if agent._incremental_persistence_failed:
+                return
+            part = SimpleNamespace(content=getattr(assistant_message, "content", None), tool_calls=calls)
+            if kind == "parallel":
+                execute_tool_calls_concurrent(agent, part, messages, task_id)
+            else:
+                execute_tool_calls_sequential(agent, part, messages, task_id)
+    except KeyboardInterrupt:
+        # The interrupted segment answered its own calls; later segments never started.
+        answered = _answered_since(messages, start)
+        _answer_interrupted(agent, [(call, CANCELLED_RESULT)
+                                    for call in normalize_tool_calls([c for _, part in segments for c in part])
+                                    if call["id"] not in answered], messages)
+        raise

@@ -4,6 +4,9 @@ When the model's final reply came back empty but its text already streamed to th
 user, that text becomes the answer. It is written into the assistant row that an
 earlier flush committed blank (an UPDATE keyed by the row's id), never as a second
 assistant row.
+
+A streamed answer is committed to the UI (``stream_end_callback("commit", answer)``)
+only after the flush that makes it durable; if that flush fails, it is retracted.
 """
 from __future__ import annotations
 
@@ -14,6 +17,14 @@ from hermes.transcript import fill_or_append_answer
 
 if TYPE_CHECKING:
     from hermes.runner import AIAgent
+
+
+def _answer_text(messages: list[dict[str, Any]], final_response: str | None) -> str | None:
+    """The content of the answer row just made durable (it may have adopted stored text)."""
+    last = messages[-1] if messages else None
+    if last is not None and last.get("role") == "assistant" and not last.get("tool_calls"):
+        return last.get("content")
+    return final_response
 
 
 def finalize_turn(agent: "AIAgent", *, final_response: str | None, api_call_count: int, interrupted: bool,
@@ -28,8 +39,13 @@ def finalize_turn(agent: "AIAgent", *, final_response: str | None, api_call_coun
     if not (final_response or "").strip() and streamed.strip():
         fill_or_append_answer(messages, streamed, agent._current_turn_id)
         final_response = streamed
+    end_stream = getattr(agent, "_end_stream", None)
     if not agent._flush_incremental(messages):
+        if end_stream is not None:
+            end_stream("retract")
         return agent._persistence_failed_result(messages, api_call_count)
+    if end_stream is not None:
+        end_stream("commit", _answer_text(messages, final_response))
     agent._persist_session(messages, conversation_history)
     completed = not (interrupted or failed)
     agent._save_trajectory(messages, user_message, completed)

@@ -26,11 +26,14 @@ from hermes.transcript import make_tool_result_message
 if TYPE_CHECKING:
     from hermes.runner import AIAgent
 
+# The result of a call that was dispatched and never reported back: written by recovery for an
+# at_most_once call whose process died, and by the executors for a call their turn's
+# interrupt cut off (hermes.executor). Worded to be true in both places.
 UNKNOWN_OUTCOME = json.dumps({
     "status": "outcome_unknown",
-    "error": ("The process running this tool stopped after dispatching it and before its result was "
-              "saved. The tool may run at most once, so it was not run again: its effect may or may not "
-              "have happened. Check before relying on it or asking for it again."),
+    "error": ("This tool call was dispatched, then cut off before its result was saved: the process "
+              "running it stopped, or its turn was cancelled while it ran. It was not run again, so its "
+              "effect may or may not have happened. Check before relying on it or asking for it again."),
 })
 
 
@@ -65,8 +68,12 @@ def resume_interrupted_turn(agent: "AIAgent", *, system_message: str | None = No
     turn = db.running_turn(agent.session_id)
     if turn is None:
         return None
+    agent._end_stream("retract")  # this process's own open reply, under the turn it belongs to
     agent._reset_turn_state()
     agent._current_turn_id = turn_id = turn["id"]
+    # Before anything else for this turn: text a killed process streamed for it and never
+    # committed is void; the durable transcript is what the turn continues from.
+    agent._retract_turn_stream()
     agent._session_db_created = True
     user_message = turn["user_text"] or ""
     effective_task_id = task_id or f"resume-{turn_id}"

@@ -11,6 +11,14 @@ The turn loop, in the order the contract fixes it:
 Any failed write ends the turn closed: nothing more is shown, run or requested,
 and the result names the cause (``hermes.persistence_failure``).
 
+Streamed text is provisional. Each streamed reply whose deltas reached
+``stream_delta_callback`` ends in exactly one ``stream_end_callback(outcome, text)``:
+"commit" with the reply's committed content once its row is durable (before the interim
+callback, or in ``finalize_turn`` before the turn reports completion), or "retract"
+(text None) when the reply is abandoned (a cut stream or other model error, a blank
+reply asked again, a failed flush); and resuming an interrupted turn first retracts,
+unconditionally, whatever a killed process may have streamed for it.
+
 Names the tests patch (``handle_function_call``, ``get_tool_definitions``,
 ``check_toolset_requirements``, ``OpenAI``, ``_hermes_home``) are module globals,
 looked up when used.
@@ -30,10 +38,14 @@ from openai import OpenAI
 
 from hermes import executor, finalizer, persistence_failure, probes
 from hermes.state import SessionDB
-from hermes.tools import (check_toolset_requirements, get_tool_definitions, handle_function_call,
-                          registry)
-from hermes.transcript import (fill_or_append_answer, normalize_tool_calls, public_copy,
-                               sanitize_api_messages, scrub_text)
+from hermes.tools import check_toolset_requirements, get_tool_definitions, handle_function_call, registry
+from hermes.transcript import (
+    fill_or_append_answer,
+    normalize_tool_calls,
+    public_copy,
+    sanitize_api_messages,
+    scrub_text,
+)
 
 log = logging.getLogger("hermes.runner")
 
@@ -98,6 +110,7 @@ class AIAgent:
         interim_assistant_callback: Callable[..., Any] | None = None,
         tool_complete_callback: Callable[..., Any] | None = None,
         stream_delta_callback: Callable[[str], Any] | None = None,
+        stream_end_callback: Callable[[str, str | None], Any] | None = None,
         http_client: Any = None,
     ) -> None:
         # This runtime reads no context files and keeps no long-term memory; the flags are
@@ -128,6 +141,9 @@ class AIAgent:
         self.interim_assistant_callback = interim_assistant_callback
         self.tool_complete_callback = tool_complete_callback
         self.stream_delta_callback = stream_delta_callback
+        self.stream_end_callback = stream_end_callback
+        # True while deltas were shown that no stream_end has settled yet.
+        self._stream_open = False
 
         self._session_db = session_db
         self._session_db_created = False
@@ -317,6 +333,25 @@ class AIAgent:
         self.tool_complete_callback(tool_call_id, name, args, content)
         probes.fire("callback.tool_complete.after", **self._probe_ids(tool_call_id=tool_call_id))
 
+    def _end_stream(self, outcome: str, text: str | None = None) -> None:
+        """Settle the streamed reply shown since the last end ("commit" or "retract"); a no-op
+        when nothing was streamed, so a reply nobody saw being streamed is never committed."""
+        if not self._stream_open:
+            return
+        self._stream_open = False
+        if self.stream_end_callback is not None:
+            self.stream_end_callback(outcome, None if outcome == "retract" else text)
+
+    def _retract_turn_stream(self) -> None:
+        """Void whatever any process streamed for the current turn and never committed.
+
+        Unconditional: the process that streamed it may have been killed, so this one cannot
+        know whether anything is open. The durable transcript is authoritative.
+        """
+        self._stream_open = False
+        if self.stream_end_callback is not None:
+            self.stream_end_callback("retract", None)
+
     # ------------------------------------------------------------------ tools
     def _is_parallel_safe(self, name: str) -> bool:
         return registry.parallel_safe(name)
@@ -368,13 +403,20 @@ class AIAgent:
         if self.tools:
             request["tools"] = self.tools
         self._current_streamed_assistant_text = ""
+        self._end_stream("retract")  # a reply left unsettled is abandoned now
         probes.fire("model.request", **self._probe_ids())
         try:
-            reply = self._stream_reply(request) if self.stream else self._plain_reply(request)
-        except ModelCallError:
+            try:
+                reply = self._stream_reply(request) if self.stream else self._plain_reply(request)
+            except ModelCallError:
+                raise
+            except Exception as exc:
+                raise _classify_model_error(exc) from exc
+        except BaseException:
+            # Whatever was streamed of a reply that failed (a cut stream, a bad chunk, an
+            # interrupt) will never be committed.
+            self._end_stream("retract")
             raise
-        except Exception as exc:
-            raise _classify_model_error(exc) from exc
         probes.fire("model.response", **self._probe_ids())
         return reply
 
@@ -402,6 +444,7 @@ class AIAgent:
                 content.append(delta.content)
                 self._current_streamed_assistant_text += delta.content
                 if self.stream_delta_callback is not None:
+                    self._stream_open = True
                     self.stream_delta_callback(delta.content)
             for part in (delta.tool_calls or []) if delta is not None else []:
                 slot = calls.setdefault(part.index, {"id": "", "type": "function",
@@ -458,6 +501,7 @@ class AIAgent:
                          conversation_history: list[dict[str, Any]] | None = None,
                          task_id: str | None = None, *, turn_id: str | None = None) -> dict[str, Any]:
         """Run one user turn to its final answer, a recorded failure, or a closed persistence failure."""
+        self._end_stream("retract")  # settled under the turn it belongs to, before the id changes
         self._reset_turn_state()
         self._current_turn_id = turn_id or f"turn-{uuid.uuid4().hex[:16]}"
         effective_task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
@@ -485,10 +529,13 @@ class AIAgent:
                                            f"The model call failed: {exc}. The transcript is saved and "
                                            "well-formed; retry the turn once the endpoint works.")
             if reply.tool_calls:
-                messages.append({"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls,
-                                 "_turn_id": turn_id})
+                block = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls,
+                         "_turn_id": turn_id}
+                messages.append(block)
                 if not self._flush_incremental(messages):
+                    self._end_stream("retract")
                     return self._persistence_failed_result(messages, api_call_count)
+                self._end_stream("commit", block["content"])
                 self._project_interim(reply.content, already_streamed=reply.streamed)
                 self._execute_tool_calls(SimpleNamespace(content=reply.content, tool_calls=reply.tool_calls),
                                          messages, task_id, api_call_count)
@@ -497,6 +544,7 @@ class AIAgent:
                 continue
             if not (reply.content or "").strip() and not self._current_streamed_assistant_text.strip():
                 # A blank answer is not an answer; ask once more before giving up.
+                self._end_stream("retract")
                 empty_replies += 1
                 if empty_replies < 2:
                     continue

@@ -14,10 +14,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import sqlite3
 import stat
+import subprocess
+import tempfile
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -110,34 +114,203 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in str(exc).lower() or "busy" in str(exc).lower()
 
 
-def connect_readonly(path: Path) -> sqlite3.Connection:
-    """A read-only connection, even to a WAL database whose last writer was killed.
+class ReadOnlyOpenError(StorageError, sqlite3.DatabaseError):
+    """A database could not be opened for reading; nothing was created or changed.
 
-    A read-only connection cannot run WAL recovery (it needs to write the shared-memory
-    index), so after a crash it fails with "attempt to write a readonly database". Then
-    one ordinary connection opens the file, which recovers the WAL without changing any
-    row, and the read-only open is retried.
+    Also a ``sqlite3.DatabaseError``: code that guards a read-only open with SQLite's own
+    error classes (as it did when the open itself raised them) still catches it.
     """
-    def attempt() -> sqlite3.Connection:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
-        try:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except sqlite3.OperationalError:
-            conn.close()
-            raise
-        return conn
 
+
+class LiveReadUnavailable(ReadOnlyOpenError):
+    """No live read-only connection could be opened (e.g. a killed writer's WAL has no index
+    left, and building one would write next to the database); :func:`open_snapshot` may
+    still read it."""
+
+
+# Files next to a database that may hold committed (WAL) or to-be-undone (rollback
+# journal) content. The -shm is only an index of the WAL, rebuilt from it by recovery.
+_CONTENT_SIDECARS = ("-wal", "-journal")
+_SNAPSHOT_ATTEMPTS = 5
+
+
+def _sidecar(db: Path, suffix: str) -> Path:
+    return db.with_name(db.name + suffix)
+
+
+def _database_file(path: Path) -> Path:
+    """The real path of `path`, an existing readable regular file; else ReadOnlyOpenError.
+
+    Checked with stat alone (opening the file would be needed for nothing, and SQLite would
+    create a missing one). The real path, because SQLite names the -wal and -shm after the
+    file a symlink points to.
+    """
     try:
-        return attempt()
-    except sqlite3.OperationalError as exc:
-        if "readonly" not in str(exc) and "unable to open" not in str(exc):
-            raise
-    recovering = sqlite3.connect(path, isolation_level=None, timeout=5.0)
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ReadOnlyOpenError(f"{path} does not exist (nothing was created)") from None
+    except OSError as exc:
+        raise ReadOnlyOpenError(f"cannot read {path}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ReadOnlyOpenError(f"{path} is a directory, not a database file; pass the path of a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ReadOnlyOpenError(f"{path} is not a regular file, so not a database file")
+    if not os.access(path, os.R_OK):
+        raise ReadOnlyOpenError(f"{path} is not readable by this user; fix its permissions")
+    return Path(os.path.realpath(path))
+
+
+def _unusable(path: Path, exc: sqlite3.DatabaseError) -> ReadOnlyOpenError | None:
+    """The error for a file that is not a readable SQLite database, or None for other failures."""
+    if "not a database" in str(exc) or "malformed" in str(exc):
+        return ReadOnlyOpenError(f"{path} is not a usable SQLite database ({exc}); "
+                                 "restore it from a backup or point to another file")
+    return None
+
+
+def retry_on_busy(fn: Callable[[], _T], *, budget_s: float, failed: sqlite3.OperationalError | None = None,
+                  max_delay_s: float = 0.05) -> _T:
+    """Run `fn`, retrying on SQLITE_BUSY with jittered exponential backoff until `budget_s` is spent.
+
+    `failed`: the error of a first attempt the caller already made inline (its fast path);
+    the retries then go on exactly as if that attempt had been made here. Jitter keeps two
+    processes that collided from colliding again in lockstep.
+    """
+    deadline = time.monotonic() + budget_s
+    delay = 0.001
+    error = failed
+    while True:
+        if error is not None:
+            if not _is_busy(error) or time.monotonic() + delay > deadline:
+                raise error
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, max_delay_s)
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            error = exc
+
+
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """A live read-only connection, for observers that must see a running writer's commits.
+
+    Only ever opened ``mode=ro``, never read-write: it writes no page of the database or
+    its WAL, and never checkpoints or deletes anything. SQLite still keeps its -shm index
+    of the WAL up to date, and creates an empty -wal and -shm when no writer has the file
+    open (to follow one that starts later); after a writer was killed it rebuilds that
+    index from the WAL. Readers that must leave every byte and name as they are (a
+    checker judging what a killed writer left) use :func:`open_snapshot`.
+
+    A WAL holding commits but no -shm is refused rather than indexed next to the original:
+    :class:`LiveReadUnavailable` (``open_snapshot`` reads it). So is any other database a
+    ``mode=ro`` connection cannot open. A missing path raises :class:`ReadOnlyOpenError`
+    and creates nothing.
+    """
+    source = _database_file(Path(path))
+    wal = _sidecar(source, "-wal")
+    if not _sidecar(source, "-shm").exists() and wal.exists() and wal.stat().st_size > 0:
+        # A live writer always has its index; a WAL without one is what a killed writer left.
+        raise LiveReadUnavailable(
+            f"{path}: its WAL holds commits but has no -shm index (its writer was killed, or the index "
+            "was removed); a read-only connection would have to build one next to it. Read it with open_snapshot")
+    conn = sqlite3.connect(f"file:{urllib.parse.quote(str(source))}?mode=ro", uri=True,
+                           isolation_level=None, check_same_thread=False)
     try:
-        recovering.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise _unusable(Path(path), exc) or LiveReadUnavailable(
+            f"cannot open {path} read-only ({exc}); open_snapshot can read a copy of it") from exc
+    return conn
+
+
+def _file_states(paths: Iterable[Path]) -> list[tuple[int, int, int, int] | None]:
+    """What tells whether a file changed: (inode, size, mtime, ctime) in ns; None when absent."""
+    states: list[tuple[int, int, int, int] | None] = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            states.append(None)
+            continue
+        states.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return states
+
+
+def _copy_into(sources: list[Path], directory: Path) -> str | None:
+    """Copy `sources` into `directory` under their own names; None, or why it failed.
+
+    The bytes are read by a child ``cp``, not by this process: closing a descriptor of a
+    file drops every POSIX lock this process holds on that file, which would silently take
+    the locks of this process's own SQLite connections to the database (a writer, an
+    observer) and let another process checkpoint and delete the WAL under them.
+    """
+    cp = shutil.which("cp") or "/bin/cp"
+    try:
+        done = subprocess.run([cp, "--", *map(str, sources), str(directory)], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, errors="replace", check=False)
+    except OSError as exc:
+        return f"cannot run {cp}: {exc}"
+    return None if done.returncode == 0 else (done.stderr.strip() or f"cp exited with status {done.returncode}")
+
+
+def open_snapshot(path: Path) -> sqlite3.Connection:
+    """A consistent, read-only, in-memory copy of the database as it is durably now.
+
+    It never changes the original, its WAL or its -shm, and creates or deletes no file
+    next to them, yet it sees what a killed writer left committed in its WAL: the file and
+    its -wal (and a rollback -journal) are copied into a private 0700 directory, the copy
+    is opened normally there (so SQLite recovers the WAL on the copy), backed up into
+    memory, and the directory removed. A copy during which any of the files changed (size,
+    mtime, ctime or inode) is taken again, up to a bound; then ReadOnlyOpenError says the
+    writer is still busy. The connection has ``query_only`` set and may be used from any
+    thread.
+
+    Missing path, directory, or a file that is not SQLite: :class:`ReadOnlyOpenError`.
+    """
+    source = _database_file(Path(path))
+    watched = [source, *(_sidecar(source, s) for s in _CONTENT_SIDECARS)]
+    with tempfile.TemporaryDirectory(prefix="hermes-snapshot-", ignore_cleanup_errors=True) as scratch:  # 0700
+        directory = Path(scratch)
+        for _ in range(_SNAPSHOT_ATTEMPTS):
+            before = _file_states(watched)
+            if before[0] is None:
+                raise ReadOnlyOpenError(f"{path} does not exist (nothing was created)")
+            for leftover in directory.iterdir():  # a sidecar an earlier attempt copied may be gone now
+                leftover.unlink()
+            failure = _copy_into([p for p, st in zip(watched, before) if st is not None], directory)
+            if _file_states(watched) == before:
+                if failure is not None:
+                    raise ReadOnlyOpenError(f"cannot copy {path} to read it: {failure}")
+                for copied in directory.iterdir():
+                    copied.chmod(0o600)  # cp keeps a read-only source's mode; recovery writes the copy
+                break
+        else:
+            raise ReadOnlyOpenError(
+                f"{path} kept changing while it was copied ({_SNAPSHOT_ATTEMPTS} attempts): its writer is "
+                "still running; read it through a live read-only connection, or once the writer has stopped")
+        return _load_into_memory(directory / source.name, Path(path))
+
+
+def _load_into_memory(copy: Path, path: Path) -> sqlite3.Connection:
+    """Open the private `copy` (recovering its WAL), back it up into memory; `path` names the original."""
+    disk = sqlite3.connect(copy, isolation_level=None)
+    memory = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    try:
+        # The copy is thrown away: its checkpoint on close need not wait for the disk.
+        disk.execute("PRAGMA synchronous = OFF")
+        disk.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        disk.backup(memory)
+        memory.execute("PRAGMA query_only = ON")
+    except sqlite3.DatabaseError as exc:
+        memory.close()
+        raise _unusable(path, exc) or ReadOnlyOpenError(f"cannot read a copy of {path}: {exc}") from exc
+    except BaseException:
+        memory.close()
+        raise
     finally:
-        recovering.close()
-    return attempt()
+        disk.close()  # the copy's checkpoint on close touches only the private directory
+    return memory
 
 
 def _is_blank(content: Any) -> bool:
@@ -145,7 +318,15 @@ def _is_blank(content: Any) -> bool:
 
 
 class SessionDB:
-    """One connection to one state database, opened in the process that uses it."""
+    """One connection to one state database, opened in the process that uses it.
+
+    ``readonly=True`` reads through a live read-only connection (:func:`connect_readonly`),
+    which sees a running writer's later commits, or through :func:`open_snapshot` when
+    that cannot be opened; like any live reader it may create or update the -shm index.
+    ``snapshot=True`` always reads an ``open_snapshot`` copy: the durable state at open,
+    with no byte or name next to the database changed. Neither mode writes a row (writes
+    raise "attempt to write a readonly database").
+    """
 
     def __init__(
         self,
@@ -154,13 +335,18 @@ class SessionDB:
         synchronous: str = "FULL",
         busy_budget_s: float = DEFAULT_BUSY_BUDGET_S,
         readonly: bool = False,
+        snapshot: bool = False,
+        connection: sqlite3.Connection | None = None,
     ) -> None:
         if synchronous.upper() not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
         self.db_path = Path(db_path)
         self.synchronous = synchronous.upper()
         self.busy_budget_s = busy_budget_s
-        self.readonly = readonly
+        # readonly: a live reader (see `_open`); snapshot: a frozen in-memory copy (`open_snapshot`).
+        # Both refuse every write.
+        self.readonly = readonly or snapshot
+        self.snapshot = snapshot
         self._lock = threading.RLock()
         # session id -> fencing epoch this process holds; writes to those sessions check it.
         self._leases: dict[str, int] = {}
@@ -169,7 +355,11 @@ class SessionDB:
         self._lease_seen_at: dict[str, int] = {}
         self._conn: sqlite3.Connection = None  # type: ignore[assignment]
         self._cur: sqlite3.Cursor | None = None
-        self._conn = self._open()
+        # `connection`: an `open_snapshot` copy the caller already made (snapshot mode only), so
+        # a reader that first looked at the schema need not copy the database a second time.
+        if connection is not None and not snapshot:
+            raise ValueError("a given connection is read as a snapshot: pass snapshot=True")
+        self._conn = connection if connection is not None else self._open()
         # One cursor for the statements of write transactions, used only under self._lock:
         # a fresh cursor per statement costs more than the statement on the flush path.
         self._cur = self._conn.cursor()
@@ -179,10 +369,15 @@ class SessionDB:
         path = self.db_path
         if path.is_dir():
             raise StorageError(f"{path} is a directory, not a database file; pass the path of a file")
-        if self.readonly:
-            if not path.exists():
-                raise StorageError(f"{path} does not exist")
-            conn = connect_readonly(path)
+        if self.snapshot:
+            conn = open_snapshot(path)
+        elif self.readonly:
+            try:
+                conn = connect_readonly(path)
+            except LiveReadUnavailable:
+                # E.g. a killed writer's WAL with no index: a copy reads it, and leaves the
+                # original exactly as the writer left it.
+                conn = open_snapshot(path)
         else:
             if not path.exists():
                 if not path.parent.exists():
@@ -250,26 +445,8 @@ class SessionDB:
 
     # ------------------------------------------------------------ transactions
     def _retry_busy(self, fn: Callable[[], _T], failed: sqlite3.OperationalError | None = None) -> _T:
-        """Run `fn`, retrying on SQLITE_BUSY with jittered backoff until the budget is spent.
-
-        `failed`: the error of a first attempt the caller already made inline (its fast
-        path); the retries then go on exactly as if that attempt had been made here.
-        """
-        deadline = time.monotonic() + self.busy_budget_s
-        delay = 0.001
-        if failed is not None:
-            if not _is_busy(failed) or time.monotonic() + delay > deadline:
-                raise failed
-            time.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(delay * 2, 0.05)
-        while True:
-            try:
-                return fn()
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() + delay > deadline:
-                    raise
-            time.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(delay * 2, 0.05)
+        """Run `fn`, retrying on SQLITE_BUSY within this database's busy budget (see retry_on_busy)."""
+        return retry_on_busy(fn, budget_s=self.busy_budget_s, failed=failed)
 
     def _transaction(self, conn: sqlite3.Connection, fn: Callable[..., _T],
                      *, probe: str | None = None, session_id: str | None = None,

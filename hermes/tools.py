@@ -128,6 +128,15 @@ def tool_error(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
 
 
+def tool_failure_message(function_name: str, exc: BaseException) -> str:
+    """How a tool's own exception is described to the model (wrap it with `tool_error`).
+
+    One home for the wording, so whoever predicts a failing tool's result text (the
+    chaos tools' clean-result oracle) agrees with what the dispatcher produces.
+    """
+    return f"tool {function_name!r} failed: {type(exc).__name__}: {exc}"
+
+
 def handle_function_call(function_name: str, function_args: dict[str, Any], effective_task_id: str | None,
                          tool_call_id: str | None = None, idempotency_key: str | None = None,
                          session_id: str | None = None, turn_id: str | None = None, **_: Any) -> str:
@@ -143,7 +152,7 @@ def handle_function_call(function_name: str, function_args: dict[str, Any], effe
     try:
         result = tool.handler(function_args, ctx)
     except Exception as exc:  # a tool's bug is reported to the model, not raised into the turn
-        return tool_error(f"tool {function_name!r} failed: {type(exc).__name__}: {exc}")
+        return tool_error(tool_failure_message(function_name, exc))
     return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
 
 

@@ -5,6 +5,14 @@
     python scripts/readme_figures.py --print    # run, print the block, touch nothing
     python scripts/readme_figures.py --check    # run, exit 1 if README.md's block differs
     ... --no-bench                               # keep the README's bench part as it is
+    python scripts/readme_figures.py --store-upstream   # run the campaigns against both targets
+                                                        # (needs the [upstream] extra), store them
+
+Upstream figures: the campaigns against upstream hermes-agent take many minutes, so they are
+run on demand (``--store-upstream``) and their condensed reports stored in
+``docs/figures/upstream.json``. Every run of this script renders the README's upstream block
+(between ``<!-- upstream:begin -->`` and ``<!-- upstream:end -->``) from that stored file, and
+``--check`` (and ``tests/test_readme_figures.py``) compare it exactly.
 
 The block sits between ``<!-- figures:begin -->`` and ``<!-- figures:end -->`` in README.md.
 It holds two parts:
@@ -50,6 +58,12 @@ BENCH_COMMAND = " ".join(("python scripts/bench.py", *BENCH_ARGS))
 CAMPAIGN_TIMEOUT_S = 600.0
 BENCH_TIMEOUT_S = 1800.0
 TIMING = re.compile(r"~\d+(?:\.\d+)?")
+UPSTREAM_BEGIN, UPSTREAM_END = "<!-- upstream:begin -->", "<!-- upstream:end -->"
+UPSTREAM_STORE = REPO / "docs" / "figures" / "upstream.json"
+# (mode, extra arguments): the campaigns the upstream tables compare, each run on both targets.
+UPSTREAM_MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("exhaustive", ()), ("pause", ()), ("random", ("--runs", "200", "--seed", "2026")))
+UPSTREAM_TIMEOUT_S = 3600.0
 BENCH_ABSENT = ("Benchmarks: the bench table is produced by `scripts/bench.py` (`python scripts/bench.py`); "
                 "that script did not exist when this block was generated.")
 
@@ -172,14 +186,139 @@ def replace_block(text: str, block: str) -> str:
     return text.replace(current, block, 1)
 
 
+# ---------------------------------------------------------------------------- upstream
+def upstream_command(mode: str, extra: tuple[str, ...]) -> list[str]:
+    return ["chaos", "--mode", mode, *[a for s in SCENARIOS for a in ("--scenario", s)], *extra,
+            "--jobs", str(JOBS)]
+
+
+def condense(report: dict[str, Any], wall: float | None) -> dict[str, Any]:
+    """What the README shows of one campaign report: exact counts, the wall time it took."""
+    by_invariant: dict[str, dict[str, list[int]]] = {}
+    cases_with: dict[tuple[str, str], set[str]] = {}
+    for v in report["violations"]:
+        key = (v["invariant"], v["class"])
+        entry = by_invariant.setdefault(v["invariant"], {}).setdefault(v["class"], [0, 0])
+        entry[0] += 1
+        cases_with.setdefault(key, set()).add(v["case"])
+        entry[1] = len(cases_with[key])
+    return {"cases": report["cases"], "kills": report["kills"], "no_kill": report["no_kill"],
+            "violations": len(report["violations"]), "by_class": report["violations_by_class"],
+            "by_invariant": by_invariant, "not_judged": len(report["unknown"]),
+            "wall_seconds": round(wall, 1) if wall is not None else None,
+            "points": {p: [e["hit"], e["cases"], e["violations"]] for p, e in report["points"].items()}}
+
+
+def store_upstream() -> dict[str, Any]:
+    """Run every upstream comparison campaign on both targets; write and return the store."""
+    from importlib.metadata import version
+
+    stored: dict[str, Any] = {"hermes_agent": version("hermes-agent"), "scenarios": list(SCENARIOS),
+                              "jobs": JOBS, "campaigns": {}}
+    for mode, extra in UPSTREAM_MODES:
+        for target in ("hermes-agent", "hermes"):
+            with tempfile.TemporaryDirectory(prefix="readme-upstream-") as tmp:
+                argv = upstream_command(mode, extra) + ["--target", target, "--report", tmp]
+                done = _run([sys.executable, "-m", "supervisor", *argv], UPSTREAM_TIMEOUT_S)
+                path = Path(tmp) / "report.json"
+                if not path.exists():
+                    raise RuntimeError(f"{' '.join(argv)} wrote no report (exit {done.returncode})\n"
+                                       f"{done.stderr[-3000:]}")
+                report = json.loads(path.read_text(encoding="utf-8"))
+            stored["campaigns"].setdefault(mode, {})[target] = condense(report, report.get("wall_seconds"))
+            print(f"{target} {mode}: {report['cases']} cases, {len(report['violations'])} violations", file=sys.stderr)
+    UPSTREAM_STORE.parent.mkdir(parents=True, exist_ok=True)
+    UPSTREAM_STORE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return stored
+
+
+def _side(c: dict[str, Any]) -> str:
+    by_class = c["by_class"]
+    return (f"{c['cases']} / {c['kills']} / {c['no_kill']} / {c['violations']} "
+            f"({by_class['damage']} damage, {by_class['contract']} contract) / {c['wall_seconds']:.0f} s")
+
+
+def _points_table(title: str, upstream: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    names = list(ours["points"])
+    width = max(len(n) for n in names + ["kill point"])
+    head = f"{'kill point':<{width}}  hit  cases  violations  hit  cases  violations"
+    lines = [title, f"{'upstream hermes-agent':<{width + 29}}ours (--target hermes)", head,
+             f"{'-' * width}  ---  -----  ----------  ---  -----  ----------"]
+    for name in names:
+        cells = []
+        for side in (upstream, ours):
+            hit, cases, violations = side["points"].get(name, [False, 0, 0])
+            cells.append(f"{'yes' if hit else ('-' if not cases else 'NO'):>3}  {cases:>5}  {violations:>10}")
+        lines.append(f"{name:<{width}}  {cells[0]}  {cells[1]}")
+    return lines
+
+
+def render_upstream(stored: dict[str, Any]) -> str:
+    """The README's upstream block, from the stored campaigns alone."""
+    runs = stored["campaigns"]
+    version = stored["hermes_agent"]
+    lines = [UPSTREAM_BEGIN, "<!-- generated by scripts/readme_figures.py from docs/figures/upstream.json: "
+             "do not edit by hand -->",
+             f"Measured on hermes-agent {version} next to ours, on {' and '.join(stored['scenarios'])} "
+             f"(`--jobs {stored['jobs']}`; counts are exact, wall times are from the machine that stored them). "
+             "Each side reads cases / landed kills / no-kill cases / violations (by class) / wall:", "",
+             "| mode | command (add `--target hermes-agent` for upstream) | upstream | ours |",
+             "| --- | --- | --- | --- |"]
+    for mode, extra in UPSTREAM_MODES:
+        pair = runs[mode]
+        command = "hermes-supervisor " + " ".join(upstream_command(mode, extra))
+        lines.append(f"| {mode} | `{command}` | {_side(pair['hermes-agent'])} | {_side(pair['hermes'])} |")
+    invariants = sorted({(inv, kind) for mode, _ in UPSTREAM_MODES
+                         for inv, classes in runs[mode]["hermes-agent"]["by_invariant"].items() for kind in classes})
+    lines += ["", "Upstream's violations by invariant and class (violations, in how many cases):", "",
+              "| invariant | class | " + " | ".join(mode for mode, _ in UPSTREAM_MODES) + " |",
+              "| --- | --- | " + " | ".join("---" for _ in UPSTREAM_MODES) + " |"]
+    for inv, kind in invariants:
+        cells = []
+        for mode, _ in UPSTREAM_MODES:
+            n, cases = runs[mode]["hermes-agent"]["by_invariant"].get(inv, {}).get(kind, [0, 0])
+            cells.append(f"{n} in {cases}" if n else "0")
+        lines.append(f"| `{inv}` | {kind} | " + " | ".join(cells) + " |")
+    first = UPSTREAM_MODES[0][0]
+    lines += ["", f"The kill-point table of the {first} campaign, upstream on the left, ours on the right:", "",
+              "```text", *_points_table(f"{first} mode", runs[first]["hermes-agent"], runs[first]["hermes"]), "```",
+              "", "<details><summary>The same table for the other modes</summary>", ""]
+    for mode, extra in UPSTREAM_MODES[1:]:
+        lines += ["```text", *_points_table(f"{mode} mode {' '.join(extra)}".strip(), runs[mode]["hermes-agent"],
+                                            runs[mode]["hermes"]), "```", ""]
+    lines += ["</details>", UPSTREAM_END]
+    return "\n".join(lines)
+
+
+def read_upstream_block(text: str) -> str:
+    start, end = text.find(UPSTREAM_BEGIN), text.find(UPSTREAM_END)
+    if start < 0 or end < start:
+        raise ValueError(f"README has no {UPSTREAM_BEGIN} ... {UPSTREAM_END} block")
+    return text[start:end + len(UPSTREAM_END)]
+
+
+def upstream_block() -> str:
+    return render_upstream(json.loads(UPSTREAM_STORE.read_text(encoding="utf-8")))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--print", action="store_true", help="print the block, do not touch README.md")
     action.add_argument("--check", action="store_true", help="exit 1 if README.md's block differs from a fresh run")
     parser.add_argument("--no-bench", action="store_true", help="keep the README's bench part as it is")
+    action.add_argument("--store-upstream", action="store_true",
+                        help="run the campaigns against upstream hermes-agent and ours, store them, render the block")
     args = parser.parse_args(argv)
     text = README.read_text(encoding="utf-8")
+    if args.store_upstream:
+        store_upstream()
+        README.write_text(text.replace(read_upstream_block(text), upstream_block(), 1), encoding="utf-8")
+        return 0
+    if args.check and read_upstream_block(text) != upstream_block():
+        print("README's upstream block differs from docs/figures/upstream.json: run `python scripts/readme_figures.py`")
+        return 1
+    text = text.replace(read_upstream_block(text), upstream_block(), 1)
     chaos = chaos_figures()
     if chaos["violations"] or chaos["unfired"]:
         print(f"warning: the campaign did not pass (exit {chaos['exit']})", file=sys.stderr)

@@ -37,7 +37,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import sqlite3
 import statistics
 import sys
@@ -561,7 +560,7 @@ def bench_resume(report: Report, bench_dir: Path, rows: int, runs: int) -> None:
                       target="<= 50 ms", passed=rec <= 50.0,
                       note=(f"resume_interrupted_turn until the resume.reconciled probe, wall-clock median of {runs}; "
                             f"reference: bare SELECT of the same rows")))
-    report.add(Figure(f"resume: ... until model request built", req, "ms", ref, ratio=req / ref,
+    report.add(Figure("resume: ... until model request built", req, "ms", ref, ratio=req / ref,
                       target="(informative)",
                       note=(f"until the model.request probe (adds sanitize_api_messages + request building); "
                             f"CPU time median {_median(cpu[1:]) * 1000:.1f} ms")))

@@ -30,14 +30,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
+
+from hermes.state import StorageError, open_snapshot
 from supervisor import observe
-from supervisor.checker import Verdict, check_case
+from supervisor.checker import NO_KILL, UNFIRED, Verdict, check_case, load_durable, twin_transcript
 from supervisor.history import CaseHistory, HistoryWriter, snapshot_rows
 from supervisor.modelserver import Reply, Script, ScriptedModelServer, request_key
-from supervisor.nemesis import Fault, timer_delays
+from supervisor.nemesis import Fault, aimed_delay_ms, timer_fractions
 from supervisor.pool import Pool, WorkerProcess
 from supervisor.scenarios import SCENARIOS, Scenario, campaign_script
-from supervisor.storage_faults import KINDS as STORAGE_FAULT_KINDS, STORAGE_FAULTS, StorageFault
+from supervisor.storage_faults import KINDS as STORAGE_FAULT_KINDS
+from supervisor.storage_faults import STORAGE_FAULTS, StorageFault
+from supervisor.targets import PROMISES
 
 MODES = ("exhaustive", "double", "random", "pause")
 # Faults added to every case on top of its kill plan (``--faults``).
@@ -53,8 +58,16 @@ MODES = ("exhaustive", "double", "random", "pause")
 # lock past the worker's patience, so its next flush fails closed as `locked`; the case must
 # still end with the turn resumed and the transcript whole.
 # Storage faults (disk, readonly, corrupt): see supervisor.storage_faults.
+# `concurrent-resume`: after the first landed kill, CROWD resume workers start at once on the
+# interrupted turn (checker: consume-once). `twin-recovery`: after the first landed kill, two
+# byte-identical copies of the crashed state are each resumed by a worker of their own and
+# must give the same transcript (checker: recovery-determinism).
 MODEL_FAULTS = ("http500", "http429", "truncate", "stall", "not_json", "empty_choices")
-FAULT_OPTIONS = (*MODEL_FAULTS, "refused", "locked", *STORAGE_FAULTS)
+RECOVERY_FAULTS = ("concurrent-resume", "twin-recovery")
+FAULT_OPTIONS = (*MODEL_FAULTS, "refused", "locked", *STORAGE_FAULTS, *RECOVERY_FAULTS)
+CROWD = 4
+CROWD_BUSY_BUDGET_S = 10.0  # k writers contend for one lock: patience is not what is being tested
+PAUSE_SEEN_S = 5.0  # how long a SIGSTOPped worker may take to show as stopped
 STALL_WORKER_TIMEOUT_S = 1.0  # the worker's request timeout when `stall` is on (else 20 s)
 STALL_S = 1.5  # how long a stalled request hangs: past that timeout, so the SDK retries
 WORKER_BUSY_BUDGET_S = 2.0
@@ -130,6 +143,12 @@ class CaseResult:
     fired: list[str] = field(default_factory=list)
     reached: frozenset[str] = frozenset()  # probe names this case hit (kept when the trace is dropped)
     flags: tuple[str, ...] = ()  # campaign options the case depends on (target, faults), for its repro
+    span_ms: int = 0  # how long the case's first worker lived (a baseline's span aims timer kills)
+
+    @property
+    def no_kill(self) -> bool:
+        """The case planned a fault that did not land (or never fired): it tested nothing."""
+        return bool({NO_KILL, UNFIRED} & set(self.verdict.reasons))
 
     def repro(self) -> str:
         return " ".join((self.case.repro(), *self.flags))
@@ -137,8 +156,9 @@ class CaseResult:
     def to_json(self) -> dict[str, Any]:
         return {"case": self.case.case_id, "scenario": self.case.scenario,
                 "fault": self.case.fault.label() if self.case.fault else None,
-                "verdict": self.verdict.to_json(), "kills": self.kills, "restarts": self.restarts,
-                "seconds": round(self.seconds, 3), "fired": self.fired, "repro": self.repro()}
+                "verdict": self.verdict.to_json(), "kills": self.kills, "no_kill": self.no_kill,
+                "restarts": self.restarts, "seconds": round(self.seconds, 3), "fired": self.fired,
+                "repro": self.repro()}
 
 
 @dataclass
@@ -189,13 +209,18 @@ class CaseRunner:
                                                     if name in STORAGE_FAULT_KINDS]
         self._storage_rounds_done = False
         self._refused_done = False
+        self._crowd_done = False
+        self._twin_done = False
+        self._running: set[int] = set()  # incarnations of this case's workers not yet reaped
         self.kills = 0
 
     # -------------------------------------------------------------- observing
     def _readonly(self) -> Any:
+        """The live reader (kept), or, at an instant it cannot be opened (a worker closing the
+        database removes its -shm before its WAL), a one-off copy of the database as it is."""
         if self._conn is None:
             self._conn = observe.open_readonly(self.db)
-        return self._conn
+        return self._conn if self._conn is not None else observe.open_copy(self.db)
 
     def _close_observer(self) -> None:
         with self._conn_lock:
@@ -204,6 +229,15 @@ class CaseRunner:
                 self._conn = None
 
     def _on_message(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
+        try:
+            self._observe(proc, msg)
+        except Exception as exc:  # a harness failure must neither hang the worker nor pass unseen
+            self.history.record("harness_error", incarnation=proc.incarnation, message_type=msg.get("type"),
+                                error=f"{type(exc).__name__}: {exc}")
+            if "seq" in msg:
+                proc.send({"type": "ack", "seq": msg["seq"]})
+
+    def _observe(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
         inc = proc.incarnation
         if kind == "hello":
@@ -223,11 +257,21 @@ class CaseRunner:
                     self.history.record("kill", incarnation=inc, pid=proc.pid, signal=signal.SIGKILL, by="self",
                                         probe=f"{msg['name']}:{msg['n']}")
         elif kind == "ui":
-            with self._conn_lock:
-                durable, witness = observe.ui_durability(self._readonly(), msg)
-            self.history.record("ui", incarnation=inc, kind=msg.get("kind"), turn=msg.get("turn"),
-                                tool_call_id=msg.get("tool_call_id"), text=msg.get("text"), durable=durable,
-                                witness=witness)
+            ui_kind = msg.get("kind")
+            fields: dict[str, Any] = {"kind": ui_kind, "turn": msg.get("turn")}
+            if ui_kind == "tool_complete":
+                fields.update(tool_call_id=msg.get("tool_call_id"), content=msg.get("content"))
+            else:
+                fields["text"] = msg.get("text")
+            if ui_kind == "stream_end":
+                fields["outcome"] = msg.get("outcome")
+            # Streamed deltas and retractions are provisional by contract (checker: stream-honesty);
+            # everything else shown must already be durable, and is looked up while the worker waits.
+            if ui_kind != "stream" and not (ui_kind == "stream_end" and msg.get("outcome") != "commit"):
+                with self._conn_lock:
+                    durable, witness = observe.ui_durability(self._readonly(), msg)
+                fields.update(durable=durable, witness=witness)
+            self.history.record("ui", incarnation=inc, **fields)
             proc.send({"type": "ack", "seq": msg["seq"]})
         elif kind == "effect":
             with self._conn_lock:
@@ -241,7 +285,15 @@ class CaseRunner:
                                 intent_durable=intent, witness=witness)
             proc.send({"type": "ack", "seq": msg["seq"]})
         elif kind == "outcome":
-            self.history.record("outcome", incarnation=inc, result=msg.get("result"))
+            result = msg.get("result") or {}
+            shown: dict[str, Any] = {}
+            if result.get("outcome") == "completed" and result.get("final_response") is not None:
+                # The final answer is a projection too: the worker reports it after its commit.
+                with self._conn_lock:
+                    durable, witness = observe.answer_durability(self._readonly(), result.get("session"),
+                                                                 result.get("turn_id"), result.get("final_response"))
+                shown = {"durable": durable, "witness": witness}
+            self.history.record("outcome", incarnation=inc, result=result, **shown)
 
     def _repro_flags(self) -> tuple[str, ...]:
         flags = []
@@ -274,15 +326,21 @@ class CaseRunner:
             fault = fault.then
         return None
 
-    def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None) -> WorkerProcess:
-        turn = self.scenario.turns[turn_index]
+    def _worker_args(self, command: str, db: Path, ledger: Path, url: str,
+                     busy_budget: float = WORKER_BUSY_BUDGET_S) -> list[str]:
         timeout = STALL_WORKER_TIMEOUT_S if "stall" in self.config.faults else 20.0
-        url = self._model_url() if process >= 0 else self.base_url  # a storage-fault worker never gets far
-        args = [command, "--db", str(self.db), "--session", SESSION, "--base-url", url, "--model", MODEL,
-                "--ledger", str(self.ledger), "--timeout", str(timeout), "--busy-budget", str(WORKER_BUSY_BUDGET_S),
+        args = [command, "--db", str(db), "--session", SESSION, "--base-url", url, "--model", MODEL,
+                "--ledger", str(ledger), "--timeout", str(timeout), "--busy-budget", str(busy_budget),
                 *self.scenario.extra_args(command)]
         if self.config.target != "hermes":
             args += ["--target", self.config.target]
+        return args
+
+    def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None,
+               busy_budget: float = WORKER_BUSY_BUDGET_S) -> WorkerProcess:
+        turn = self.scenario.turns[turn_index]
+        url = self._model_url() if process >= 0 else self.base_url  # a storage-fault worker never gets far
+        args = self._worker_args(command, self.db, self.ledger, url, busy_budget)
         if command == "run":
             args += ["--message", turn.message, "--turn-id", f"turn-{turn_index}"]
         if fault is not None:
@@ -292,6 +350,7 @@ class CaseRunner:
         self._where[inc] = (turn_index, process)
         proc = self.pool.spawn(args, incarnation=inc, on_message=self._on_message, on_log=self.on_log,
                                label=self.case.case_id)
+        self._running.add(inc)
         self.history.record("spawn", incarnation=inc, pid=proc.pid, create_time=proc.create_time, command=command,
                             turn_index=turn_index, turn_id=f"turn-{turn_index}", process=process,
                             kill_at=fault.point if fault else None, kill_mode=fault.kind if fault else None)
@@ -323,6 +382,13 @@ class CaseRunner:
             proc.wait()
         self.history.record("exit", incarnation=proc.incarnation, pid=proc.pid, returncode=proc.returncode,
                             signal=proc.signal)
+        self._running.discard(proc.incarnation)
+        if not self._running:
+            # No connection of ours may outlive the last worker: the next worker must be the
+            # database's first connection, so that it, like a restarted process in production,
+            # recovers whatever the dead one committed to the WAL (a live reader would keep the
+            # dead writer's wal-index, and the next writer would overwrite that last commit).
+            self._close_observer()
         if proc.signal == signal.SIGKILL:
             self.kills += 1
         if snapshot:
@@ -359,34 +425,80 @@ class CaseRunner:
             self._snapshot("mend")
 
     def _turn_state(self, turn_index: int) -> str | None:
-        with self._conn_lock:
-            conn = self._readonly()
-            if conn is None:
-                return None
+        """The turn's durable state now, read from a private copy of the database: the view a
+        recovering worker gets, since the observer is closed whenever a worker exits."""
+        if not self.db.exists():
+            return None
+        try:
+            conn = open_snapshot(self.db)
+        except StorageError:
+            return None  # created, not yet a database: nothing has started
+        try:
             if self.config.target == "hermes-agent":  # upstream's schema has no turns table
                 from supervisor import upstream_schema
-                try:
-                    return upstream_schema.turn_state(conn, SESSION, f"turn-{turn_index}")
-                except sqlite3.OperationalError:
-                    return None  # no schema yet
-            try:
-                row = conn.execute("SELECT state FROM turns WHERE id = ?", (f"turn-{turn_index}",)).fetchone()
-            except sqlite3.OperationalError as exc:
-                if "no such table" in str(exc):
-                    return None  # killed before the schema was committed: nothing has started
-                raise
-        return row[0] if row else None
+                return upstream_schema.turn_state(conn, SESSION, f"turn-{turn_index}")
+            row = conn.execute("SELECT state FROM turns WHERE id = ?", (f"turn-{turn_index}",)).fetchone()
+            return row[0] if row else None
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None  # killed before the schema was committed: nothing has started
+            raise
+        finally:
+            conn.close()
 
     def _take_over_while_paused(self, old: WorkerProcess, turn_index: int, process: int) -> int:
         """SIGSTOP the paused worker, let a new one finish the turn, then SIGCONT the old one."""
-        old.signal_group(signal.SIGSTOP)
-        self.history.record("pause", incarnation=old.incarnation, pid=old.pid)
+        sent = old.signal_group(signal.SIGSTOP)
+        self.history.record("pause", incarnation=old.incarnation, pid=old.pid, stopped=sent and _seen_stopped(old))
         newer = self._spawn("resume", turn_index, process, self._fault_for(turn_index, process))
         self._finish(newer)
         old.signal_group(signal.SIGCONT)
         old.send({"type": "continue"})
         self.history.record("cont", incarnation=old.incarnation, pid=old.pid)
         return process + 1
+
+    def _crowd_round(self, turn_index: int) -> None:
+        """Start CROWD resume workers at once on the interrupted turn, and wait for all of them
+        (checker: consume-once). Process index -1: no kill plan aims at them, and their probe
+        hits stay out of the traces further cases derive from."""
+        self._crowd_done = True
+        crowd = [self._spawn("resume", turn_index, -1, None, busy_budget=CROWD_BUSY_BUDGET_S) for _ in range(CROWD)]
+        self.history.record("crowd", turn_id=f"turn-{turn_index}", incarnations=[p.incarnation for p in crowd])
+        for proc in crowd:
+            self._finish(proc, snapshot=False)
+        self._snapshot("crowd")
+
+    def _twin_round(self, turn_index: int) -> None:
+        """Resume two byte-identical copies of the crashed state, each with a worker of its own,
+        and record both transcripts (checker: recovery-determinism). The twins' workers report
+        to nobody: their projections and effects concern copies, not this case's database."""
+        self._twin_done = True
+        transcripts: list[list[Any]] = []
+        try:
+            for name in ("twin-a", "twin-b"):
+                twin = self.dir / name
+                twin.mkdir(mode=0o700)
+                for source in (self.db, self.ledger):
+                    for suffix in ("", "-wal"):
+                        original = Path(f"{source}{suffix}")
+                        if original.exists():
+                            shutil.copyfile(original, twin / original.name)
+                args = self._worker_args("resume", twin / self.db.name, twin / self.ledger.name, self.base_url)
+                self._incarnations += 1
+                proc = self.pool.spawn(args, incarnation=self._incarnations, on_message=_ack_only,
+                                       on_log=self.on_log, label=f"{self.case.case_id} {name}")
+                if not proc.wait(self.config.process_timeout):
+                    proc.kill("timeout")
+                    proc.wait()
+                    raise RuntimeError(f"the {name} recovery did not finish in {self.config.process_timeout:.0f}s")
+                durable = load_durable(twin / self.db.name)
+                if durable.error:
+                    raise RuntimeError(f"the {name} recovery left an unreadable database: {durable.error}")
+                transcripts.append(twin_transcript(durable))
+        except (OSError, RuntimeError) as exc:
+            self.history.record("twin", turn_id=f"turn-{turn_index}", error=str(exc))
+            return
+        self.history.record("twin", turn_id=f"turn-{turn_index}", a=transcripts[0], b=transcripts[1])
 
     def run(self) -> CaseResult:
         try:
@@ -416,6 +528,12 @@ class CaseRunner:
                 killed = proc.signal == signal.SIGKILL
                 restarts += killed
                 state = self._turn_state(turn_index)
+                if killed and state == "running":
+                    if "twin-recovery" in self.config.faults and not self._twin_done:
+                        self._twin_round(turn_index)
+                    if "concurrent-resume" in self.config.faults and not self._crowd_done:
+                        self._crowd_round(turn_index)
+                        state = self._turn_state(turn_index)
                 if state in ("done", "failed"):
                     break
                 attempts += 1
@@ -427,15 +545,45 @@ class CaseRunner:
                 if killed and self._storage_faults and not self._storage_rounds_done:
                     self._storage_fault_rounds(command, turn_index)
         events = self.history.events
-        verdict = check_case(self.db, self.ledger, events, self.scenario.expectation(),
-                             planned_kill=self.case.fault.point if self.case.fault and
-                             self.case.fault.kind != "timer" else None)
+        verdict = check_case(self.db, self.ledger, events, self.scenario.expectation(), planned=self.case.fault,
+                             promises=PROMISES[self.config.target])
         self._close_observer()
         trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events
                  if e["type"] == "probe" and self._where[e["incarnation"]][1] >= 0]
         fired = [f"{e['name']}:{e['n']}" for e in events if e["type"] == "probe" and e.get("kill")]
         return CaseResult(self.case, verdict, self.kills, restarts, time.monotonic() - started, trace, fired,
-                          frozenset(sys.intern(name) for (_t, _p, name, _n) in trace), self._repro_flags())
+                          frozenset(sys.intern(name) for (_t, _p, name, _n) in trace), self._repro_flags(),
+                          _first_span_ms(events))
+
+
+def _ack_only(proc: WorkerProcess, msg: dict[str, Any]) -> None:
+    """A control-channel handler that lets a worker go on without observing it."""
+    if "seq" in msg:
+        proc.send({"type": "ack", "seq": msg["seq"]})
+
+
+def _seen_stopped(proc: WorkerProcess) -> bool:
+    """Did the SIGSTOPped worker really stop? Its state is polled until it shows, briefly bounded."""
+    deadline = time.monotonic() + PAUSE_SEEN_S
+    while not proc.exited.is_set():
+        try:
+            if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
+                return True
+        except psutil.Error:
+            return False
+        if time.monotonic() > deadline:
+            return False
+        proc.exited.wait(0.001)
+    return False
+
+
+def _first_span_ms(events: list[dict[str, Any]]) -> int:
+    """How long the case's first worker lived, spawn to reaped exit, in milliseconds."""
+    spawned = next((e for e in events if e["type"] == "spawn"), None)
+    if spawned is None:
+        return 0
+    ended = next((e for e in events if e["type"] == "exit" and e.get("incarnation") == spawned["incarnation"]), None)
+    return int(round(((ended or spawned)["t"] - spawned["t"]) * 1000))
 
 
 def enumerate_cases(mode: str, scenario: str, baseline: CaseResult, config: CampaignConfig,
@@ -465,14 +613,17 @@ def enumerate_cases(mode: str, scenario: str, baseline: CaseResult, config: Camp
 
 
 def random_cases(config: CampaignConfig, baselines: dict[str, CaseResult]) -> list[Case]:
+    """Seeded: half timer kills, aimed inside the live span of the scenario's first worker as
+    its fault-free baseline measured it, and half probe kills drawn from the baseline's trace."""
     rng = random.Random(config.seed)
-    delays = timer_delays(config.seed, config.runs)
+    fractions = timer_fractions(config.seed, config.runs)
     names = sorted(baselines)
     cases = []
     for i in range(config.runs):
         scenario = names[i % len(names)]
         if rng.random() < 0.5:
-            cases.append(Case(scenario, Fault("timer", 0, 0, delay_ms=delays[i])))
+            delay = aimed_delay_ms(fractions[i], baselines[scenario].span_ms)
+            cases.append(Case(scenario, Fault("timer", 0, 0, delay_ms=delay)))
         else:
             t, p, name, n = rng.choice(sorted(set(baselines[scenario].trace)))
             cases.append(Case(scenario, Fault("probe", t, p, probe=name, n=n, mode=rng.choice(config.kill_modes))))
@@ -606,11 +757,13 @@ class Campaign:
 
 
 def summarize(results: list[CaseResult]) -> dict[str, Any]:
-    """The campaign's report data: cases, violations, and per kill point what happened."""
+    """The campaign's report data: cases, landed kills, violations by class, what was not
+    judged and why, and per kill point what happened."""
     from hermes.probes import POINTS
 
     points: dict[str, dict[str, Any]] = {p: {"hit": False, "cases": 0, "violations": 0} for p in POINTS}
     violations = []
+    unknown = []
     seen_in_trace: set[str] = set()
     for result in results:
         seen_in_trace.update(result.reached)
@@ -628,12 +781,18 @@ def summarize(results: list[CaseResult]) -> dict[str, Any]:
             if result.verdict.valid is False:
                 entry["violations"] += 1
         for v in result.verdict.violations:
-            violations.append({"invariant": v.invariant, "case": result.case.case_id,
+            violations.append({"invariant": v.invariant, "class": v.kind, "case": result.case.case_id,
                                "probe": result.case.fault.point if result.case.fault else None,
                                "message": v.message, "witness": v.witness, "repro": result.repro()})
-    unfired = [r.case.case_id for r in results if r.verdict.valid == "unknown"]
-    return {"ok": not violations and not unfired, "cases": len(results),
-            "kills": sum(r.kills for r in results), "violations": violations, "unfired": unfired,
+        if result.verdict.valid not in (True, False):
+            unknown.append({"case": result.case.case_id, "reasons": list(result.verdict.reasons),
+                            "message": result.verdict.message, "repro": result.repro()})
+    by_class = {kind: sum(1 for v in violations if v["class"] == kind) for kind in ("damage", "contract")}
+    return {"ok": not violations and not unknown, "cases": len(results),
+            "kills": sum(r.kills for r in results), "no_kill": sum(1 for r in results if r.no_kill),
+            "violations": violations, "violations_by_class": by_class, "unknown": unknown,
+            "unfired": [u["case"] for u in unknown if UNFIRED in u["reasons"]],
+            "no_kill_cases": [u["case"] for u in unknown if NO_KILL in u["reasons"]],
             "points": points, "reached": sorted(seen_in_trace),
             "seconds": round(sum(r.seconds for r in results), 3)}
 

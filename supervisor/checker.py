@@ -7,9 +7,10 @@ rows, events) a person can follow. :func:`compose` merges verdicts: False beats
 "unknown" beats True. "unknown" is an honest answer (the ledger is missing, a
 planned kill never fired, the supervisor could not tell) and is never rounded to pass.
 
-The checker only reads: the database and the ledger are opened through read-only
-``file:...?mode=ro`` connections, and messages are decoded by ``SessionDB`` itself so
-the checker sees exactly what a resuming worker would.
+The checker only reads, and changes nothing it reads: the database and the ledger are read
+from private in-memory copies (`hermes.state.open_snapshot`, see supervisor.durable), which
+still hold what a killed writer committed to its WAL, and messages are decoded by
+``SessionDB`` itself so the checker sees exactly what a resuming worker would.
 """
 from __future__ import annotations
 
@@ -18,23 +19,41 @@ import sqlite3
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Iterable, Sequence
+from signal import SIGKILL
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 from hermes.executor import CANCELLED_RESULT
-from hermes.state import SessionDB, StorageError
+from hermes.resume import UNKNOWN_OUTCOME
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT
+from supervisor.durable import Durable, load_durable
 from supervisor.history import canonical_json, is_blank_assistant, row_digest, summarize_row
+from supervisor.nemesis import Fault
+from worker.chaos_tools import clean_results
 from worker.ledger import Ledger
-from worker.protocol import EXIT_TURN_FAILED, KillPlan
+from worker.protocol import EXIT_TURN_FAILED
 
 UNKNOWN = "unknown"
 DEFAULT_MAX_RESTARTS = 10
 
 INVARIANTS = ("durable-before-visible", "durable-before-effect", "no-lost-rows", "no-duplicate-rows",
-              "well-formed", "effect-semantics", "turn-liveness", "answer-once", "sanitize-pure", "fails-closed",
-              "coverage")
+              "well-formed", "effect-semantics", "result-fidelity", "stream-honesty", "turn-liveness",
+              "answer-once", "sanitize-pure", "fails-closed", "consume-once", "recovery-determinism", "coverage")
 (DURABLE_BEFORE_VISIBLE, DURABLE_BEFORE_EFFECT, NO_LOST_ROWS, NO_DUPLICATE_ROWS, WELL_FORMED,
- EFFECT_SEMANTICS, TURN_LIVENESS, ANSWER_ONCE, SANITIZE_PURE, FAILS_CLOSED, COVERAGE) = INVARIANTS
+ EFFECT_SEMANTICS, RESULT_FIDELITY, STREAM_HONESTY, TURN_LIVENESS, ANSWER_ONCE, SANITIZE_PURE, FAILS_CLOSED,
+ CONSUME_ONCE, RECOVERY_DETERMINISM, COVERAGE) = INVARIANTS
+
+# Why a verdict is "unknown": the case was not judged, which is never a pass.
+UNFIRED = "unfired"            # the planned kill's probe was never reached
+NO_KILL = "no-kill"            # the kill was planned and aimed, but no worker died of it
+UNDETERMINED = "undetermined"  # the supervisor could not observe what it had to
+NO_LEDGER = "no-ledger"        # no effects ledger to count executions by
+UNREADABLE = "unreadable"      # the database exists and cannot be read
+
+# Every violation is of one of two classes. DAMAGE: what a user loses or gets twice (rows
+# lost, duplicated or malformed, an at-most-once effect repeated, two answers, a turn that
+# never ends, a result or stream that lies). CONTRACT: a promise the target never made (for
+# example no dispatch intents, so no effect can be proven to follow a durable request).
+DAMAGE, CONTRACT = "damage", "contract"
 
 # The tools of worker/chaos_tools.py: each records every real execution in the ledger,
 # so for them "a result that claims success" implies "an execution row exists". Other
@@ -52,9 +71,23 @@ class Violation:
     invariant: str
     message: str
     witness: dict[str, Any] = field(default_factory=dict)
+    kind: str = DAMAGE  # DAMAGE or CONTRACT (serialised as "class")
 
     def to_json(self) -> dict[str, Any]:
-        return {"invariant": self.invariant, "message": self.message, "witness": self.witness}
+        return {"invariant": self.invariant, "class": self.kind, "message": self.message, "witness": self.witness}
+
+
+@dataclass(frozen=True)
+class Promises:
+    """What a target promises beyond a durable transcript. A violation of a rule that rests on
+    a promise the target does not make is classed CONTRACT, not DAMAGE."""
+
+    dispatch_intents: bool = True     # a durable intent precedes every tool run
+    stream_retraction: bool = True    # streamed text ends committed or explicitly retracted
+    durable_projections: bool = True  # nothing is shown before it is durable
+
+
+FULL_PROMISES = Promises()
 
 
 @dataclass
@@ -66,12 +99,16 @@ class Verdict:
     # Why the answer is "unknown" (or, for a composed verdict, which parts were not True).
     message: str = ""
     parts: list["Verdict"] = field(default_factory=list)
+    # For "unknown": its reasons (UNFIRED, NO_KILL, UNDETERMINED, NO_LEDGER, UNREADABLE).
+    reasons: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "valid": self.valid, "counts": dict(self.counts),
                                "violations": [v.to_json() for v in self.violations]}
         if self.message:
             out["message"] = self.message
+        if self.reasons:
+            out["reasons"] = list(self.reasons)
         if self.parts:
             # Brief: the parts' violations and counts are already above, in full.
             out["parts"] = [{"name": p.name, "valid": p.valid, "violations": len(p.violations),
@@ -102,18 +139,23 @@ def compose(verdicts: list[Verdict], name: str = "composed") -> Verdict:
             valid = verdict.valid
     counts = {f"{v.name}.{key}": n for v in verdicts for key, n in v.counts.items()}
     notes = [f"{v.name}: {v.message}" for v in verdicts if v.valid is not True and v.message]
+    reasons = tuple(dict.fromkeys(r for v in verdicts if v.valid == UNKNOWN for r in v.reasons))
     return Verdict(valid=valid, violations=[x for v in verdicts for x in v.violations], counts=counts,
-                   name=name, message="; ".join(notes), parts=list(verdicts))
+                   name=name, message="; ".join(notes), parts=list(verdicts), reasons=reasons)
 
 
 def _verdict(name: str, violations: list[Violation], counts: dict[str, int],
-             unknown: str | None = None) -> Verdict:
+             unknown: str | None = None, reason: str = UNDETERMINED) -> Verdict:
     """False with violations; else "unknown" when `unknown` says why; else True."""
     if violations:
         return Verdict(False, violations, counts, name)
     if unknown:
-        return Verdict(UNKNOWN, [], counts, name, message=unknown)
+        return _unknown(name, unknown, reason, counts)
     return Verdict(True, [], counts, name)
+
+
+def _unknown(name: str, message: str, reason: str, counts: dict[str, int] | None = None) -> Verdict:
+    return Verdict(UNKNOWN, [], dict(counts or {}), name, message=message, reasons=(reason,))
 
 
 @dataclass(frozen=True)
@@ -125,64 +167,6 @@ class Expectation:
     max_restarts: int = DEFAULT_MAX_RESTARTS
 
 
-# ------------------------------------------------------------ durable state
-@dataclass
-class Durable:
-    """Everything the invariants read from one state.db, loaded once per check."""
-
-    path: Path
-    sessions: list[str] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)        # every message row, id order
-    turns: list[dict[str, Any]] = field(default_factory=list)       # created_at order
-    dispatches: list[dict[str, Any]] = field(default_factory=list)  # dispatch intents
-    missing: bool = False        # no file (or no schema yet): an empty database, honestly
-    error: str | None = None     # the file exists but cannot be read
-
-    def running_turns(self) -> set[str]:
-        return {t["id"] for t in self.turns if t["state"] == "running"}
-
-    def active_rows_by_session(self) -> dict[str, list[dict[str, Any]]]:
-        by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for row in self.rows:
-            if row["active"]:
-                by_session[row["session_id"]].append(row)
-        return dict(by_session)
-
-
-def load_durable(db_path: Path, session_id: str | None = None) -> Durable:
-    """Read the whole durable state of `db_path` (or of one session) through a read-only connection."""
-    path = Path(db_path)
-    if not path.exists():
-        return Durable(path, missing=True)
-    from supervisor import upstream_schema
-    if upstream_schema.is_upstream(path):  # upstream hermes-agent's schema (--target hermes-agent)
-        try:
-            return Durable(path, *upstream_schema.read(path, session_id), [])
-        except (sqlite3.DatabaseError, ValueError) as exc:
-            return Durable(path, error=str(exc))
-    try:
-        db = SessionDB(path, readonly=True)
-    except (StorageError, sqlite3.DatabaseError) as exc:
-        return Durable(path, error=str(exc))
-    try:
-        sessions = [s["id"] for s in db.list_sessions()]
-        if session_id is not None:
-            sessions = [s for s in sessions if s == session_id]
-        rows = [r for s in sessions for r in db.get_messages(s, include_inactive=True)]
-        rows.sort(key=lambda r: r["id"])
-        turns = [t for t in db.get_turns() if session_id is None or t["session_id"] == session_id]
-        dispatches = [d for s in sessions for d in db.get_dispatches(s)]
-        return Durable(path, sessions, rows, turns, dispatches)
-    except sqlite3.OperationalError as exc:
-        if "no such table" in str(exc):  # created, schema not committed: nothing durable yet
-            return Durable(path, missing=True)
-        return Durable(path, error=str(exc))
-    except (sqlite3.DatabaseError, ValueError) as exc:  # ValueError: a row's JSON does not decode
-        return Durable(path, error=str(exc))
-    finally:
-        db.close()
-
-
 DB = Path | Durable
 
 
@@ -191,7 +175,7 @@ def _durable(db: DB) -> Durable:
 
 
 def _unreadable(name: str, d: Durable) -> Verdict:
-    return Verdict(UNKNOWN, [], {}, name, message=f"cannot read {d.path}: {d.error}")
+    return _unknown(name, f"cannot read {d.path}: {d.error}", UNREADABLE)
 
 
 def load_executions(ledger: Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | str:
@@ -300,17 +284,30 @@ def _result_kind(content: Any) -> str:
 
 
 # --------------------------------------------------------------- invariants
-def durable_before_visible(events: Sequence[dict[str, Any]]) -> Verdict:
-    """Every UI projection (`ui` event) was durable in state.db at the instant it was shown.
+def _claims_durable(event: dict[str, Any]) -> bool:
+    """Does this observation show the user something as durable? Streamed deltas and
+    retractions are provisional by contract (see stream_honesty); everything else shown is not."""
+    if event.get("type") == "ui":
+        kind = event.get("kind")
+        return kind != "stream" and not (kind == "stream_end" and event.get("outcome") == "retract")
+    return event.get("type") == "outcome" and "durable" in event
 
-    The supervisor looked the projected text or tool result up in the database while the
-    worker waited for its ack; `durable` False is a violation, a missing `durable` means
-    the supervisor could not tell, which makes the answer unknown.
+
+def durable_before_visible(events: Sequence[dict[str, Any]], promises: Promises = FULL_PROMISES) -> Verdict:
+    """Every UI projection was durable in state.db, byte for byte, at the instant it was shown.
+
+    Projections are `ui` events (interim text, tool completions, the commit that ends a
+    streamed reply) and the final answer a worker reports in its `outcome`. While the worker
+    waited for its ack the supervisor looked for a durable row of the same session and turn
+    (and tool call) holding exactly the projected content; `durable` False is a violation,
+    a missing `durable` means the supervisor could not tell, which makes the answer unknown.
+    A CONTRACT finding for a target that does not promise durable projections.
     """
-    shown = _of_type(events, "ui")
+    shown = [e for e in events if _claims_durable(e)]
+    kind = DAMAGE if promises.durable_projections else CONTRACT
     violations = [Violation(DURABLE_BEFORE_VISIBLE,
-                            f"{e.get('kind')} projection of turn {e.get('turn')} was shown before it was durable",
-                            {"event": e})
+                            f"{e.get('kind') or 'final answer'} projection of turn {e.get('turn')} was shown "
+                            "before it was durable", {"event": e}, kind)
                   for e in shown if e.get("durable") is False]
     undetermined = [e for e in shown if e.get("durable") not in (True, False)]
     return _verdict(DURABLE_BEFORE_VISIBLE, violations,
@@ -318,9 +315,11 @@ def durable_before_visible(events: Sequence[dict[str, Any]]) -> Verdict:
                     f"{len(undetermined)} ui event(s) carry no durability observation" if undetermined else None)
 
 
-def durable_before_effect(events: Sequence[dict[str, Any]]) -> Verdict:
+def durable_before_effect(events: Sequence[dict[str, Any]], promises: Promises = FULL_PROMISES) -> Verdict:
     """No tool effect began before both the assistant row requesting it was active in
-    state.db (`request_durable`) and its dispatch intent row existed (`intent_durable`).
+    state.db (`request_durable`, same session and turn) and its dispatch intent row existed
+    (`intent_durable`). A missing intent is a CONTRACT violation for a target that does
+    not promise dispatch intents; a missing request is always DAMAGE.
     """
     effects = _of_type(events, "effect")
     violations = []
@@ -329,10 +328,11 @@ def durable_before_effect(events: Sequence[dict[str, Any]]) -> Verdict:
         flags = (e.get("request_durable"), e.get("intent_durable"))
         missing = [n for n, f in zip(("request", "dispatch intent"), flags) if f is False]
         if missing:
+            kind = CONTRACT if missing == ["dispatch intent"] and not promises.dispatch_intents else DAMAGE
             violations.append(Violation(
                 DURABLE_BEFORE_EFFECT,
                 f"{e.get('tool')} ran for call {e.get('tool_call_id')} before its {' and '.join(missing)} "
-                "was durable", {"event": e}))
+                "was durable", {"event": e}, kind))
         elif any(f is not True for f in flags):
             undetermined += 1
     return _verdict(DURABLE_BEFORE_EFFECT, violations,
@@ -497,11 +497,22 @@ def _turns_own_their_question(d: Durable) -> list[Violation]:
             continue
         rows = originals.get(turn["id"], [])
         users = [r for r in rows if r["role"] == "user"]
-        if len(users) != 1 or rows[0]["role"] != "user" or users[0]["content"] != turn["user_text"]:
+        if len(users) != 1 or rows[0]["role"] != "user" or not _same_question(users[0]["content"], turn["user_text"]):
             out.append(Violation(WELL_FORMED, f"turn {turn['id']} ({turn['state']}) does not start with exactly "
                                               "one user row holding its question",
                                  {"turn": _turn_brief(turn), "rows": [_brief(r) for r in rows[:6]]}))
     return out
+
+
+def _same_question(content: Any, user_text: str | None) -> bool:
+    """Is a user row's content the turn's recorded question? List (multimodal) content is
+    stored in the turn row as its JSON text, and compared decoded."""
+    if isinstance(content, (list, dict)):
+        try:
+            return json.loads(user_text or "") == content
+        except ValueError:
+            return False
+    return content == user_text
 
 
 def _transcript_shape(session: str, rows: list[dict[str, Any]]) -> list[Violation]:
@@ -560,7 +571,8 @@ def _transcript_shape(session: str, rows: list[dict[str, Any]]) -> list[Violatio
 
 def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
                      events: Sequence[dict[str, Any]] = (), *,
-                     ledgered_tools: Collection[str] = CHAOS_TOOLS) -> Verdict:
+                     ledgered_tools: Collection[str] = CHAOS_TOOLS,
+                     promises: Promises = FULL_PROMISES) -> Verdict:
     """Tool effects, as counted by the effects ledger, match what the transcript claims.
 
     Per tool call (session, turn, tool_call_id):
@@ -571,17 +583,20 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
       (so an at_most_once success has exactly one); an error result may have none (the
       arguments were refused before anything ran);
     * a result saying the outcome is unknown has a dispatch intent behind it;
+    * a result saying the call was cancelled has no execution behind it;
     * in a turn that completed ('done'), every dispatched call has a recorded result:
       an unknown outcome is written down, never dropped.
 
-    Without a readable ledger nothing can be counted, and the answer is unknown.
+    Without a readable ledger nothing can be counted, and the answer is unknown. For a
+    target that records no dispatch intents, "ran more often than dispatched" is a CONTRACT
+    violation (it promised none); everything else here is DAMAGE.
     """
     d = _durable(db)
     if d.error:
         return _unreadable(EFFECT_SEMANTICS, d)
     executions = load_executions(ledger)
     if isinstance(executions, str):
-        return Verdict(UNKNOWN, [], {}, EFFECT_SEMANTICS, message=executions)
+        return _unknown(EFFECT_SEMANTICS, executions, NO_LEDGER)
     # A tool seen reporting an effect or recording one writes to the ledger, whatever its name.
     ledgered = set(ledgered_tools) | {e["tool"] for e in executions}
     ledgered |= {e.get("tool") for e in _of_type(events, "effect") if e.get("tool")}
@@ -601,10 +616,10 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
 
     violations: list[Violation] = []
 
-    def flag(message: str, key: tuple[str, str, str], **witness: Any) -> None:
+    def flag(message: str, key: tuple[str, str, str], kind: str = DAMAGE, **witness: Any) -> None:
         violations.append(Violation(EFFECT_SEMANTICS, message, {
             "session": key[0], "turn": key[1], "tool_call_id": key[2],
-            "executions": runs.get(key, []), "intents": intents.get(key, []), **witness}))
+            "executions": runs.get(key, []), "intents": intents.get(key, []), **witness}, kind))
 
     for key, done in runs.items():
         policies = {e["policy"] for e in done} | {i["policy"] for i in intents.get(key, [])}
@@ -617,7 +632,7 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
                  key, idempotency_keys=sorted(map(str, keys)))
         if len(done) > len(intents.get(key, [])):
             flag(f"tool {tool} executed {len(done)} time(s) for call {key[2]} but was durably dispatched "
-                 f"{len(intents.get(key, []))} time(s)", key)
+                 f"{len(intents.get(key, []))} time(s)", key, DAMAGE if promises.dispatch_intents else CONTRACT)
 
     kinds: Counter[str] = Counter()
     for key, rows in results.items():
@@ -630,6 +645,9 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
                      row=_brief(row))
             elif kind == "success" and tool in ledgered and not runs.get(key):
                 flag(f"result of {tool} call {key[2]} claims success, but the tool never executed", key,
+                     row=_brief(row))
+            elif kind == "cancelled" and runs.get(key):
+                flag(f"result of {tool} call {key[2]} says it was cancelled, but the tool executed", key,
                      row=_brief(row))
 
     done_turns = {t["id"] for t in d.turns if t["state"] == "done"}
@@ -645,8 +663,9 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
 
 def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation | None = None) -> Verdict:
     """Every turn ended ('done' or 'failed', a failure with its reason recorded being an honest end); the
-    database holds exactly `expect.turns` turns; and no turn needed more than
-    `expect.max_restarts` resume spawns to get there.
+    database holds exactly `expect.turns` turns; no turn needed more than `expect.max_restarts`
+    resume spawns to get there; and no worker hung until the supervisor killed it for taking
+    too long (a `kill` by "timeout": a turn rescued from a hang still hung).
     """
     d = _durable(db)
     if d.error:
@@ -669,6 +688,10 @@ def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation 
         if n > limit:
             violations.append(Violation(TURN_LIVENESS, f"turn {turn_id} was resumed {n} times (limit {limit})",
                                         {"turn_id": turn_id, "spawns": [e for e in resumes if e.get("turn_id") == turn_id]}))
+    for hang in _of_type(events, "kill"):
+        if hang.get("by") == "timeout":
+            violations.append(Violation(TURN_LIVENESS, f"worker {hang.get('incarnation')} hung until the supervisor "
+                                                       "killed it for taking too long", {"event": hang}))
     states = Counter(t["state"] for t in d.turns)
     return _verdict(TURN_LIVENESS, violations,
                     {"turns": len(d.turns), **{f"turns_{s}": n for s, n in sorted(states.items())},
@@ -682,24 +705,28 @@ def _turn_brief(turn: dict[str, Any]) -> dict[str, Any]:
             "user_text": text[:_QUOTE] if isinstance(text, str) else text}
 
 
-def answer_once(db: DB, expect: Expectation | None = None) -> Verdict:
-    """Each 'done' turn has exactly one final answer: one assistant row of that turn with
-    no tool calls and non-blank text, counting original rows only (a compaction clone
-    copies an answer, it does not give another). When `expect.final_answers` names a
-    non-empty text for the turn's position (turns ordered by creation), the answer is that text.
-    """
-    d = _durable(db)
-    if d.error:
-        return _unreadable(ANSWER_ONCE, d)
+def _answers(d: Durable) -> dict[str, list[dict[str, Any]]]:
+    """Each turn's final answers: original (not compaction-cloned) assistant rows with text and no tool calls."""
     answers: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in d.rows:
         if (row["role"] == "assistant" and row["cloned_from"] is None and not row.get("tool_calls")
                 and not is_blank_assistant(row)):
             answers[row["turn_id"]].append(row)
-    expected = expect.final_answers if expect is not None else ()
+    return answers
+
+
+def answer_once(db: DB) -> Verdict:
+    """Each 'done' turn has exactly one final answer: one assistant row of that turn with
+    no tool calls and non-blank text, counting original rows only (a compaction clone
+    copies an answer, it does not give another). What the answer says is result-fidelity's.
+    """
+    d = _durable(db)
+    if d.error:
+        return _unreadable(ANSWER_ONCE, d)
+    answers = _answers(d)
     violations = []
     done = 0
-    for index, turn in enumerate(d.turns):
+    for turn in d.turns:
         if turn["state"] != "done":
             continue
         done += 1
@@ -709,10 +736,163 @@ def answer_once(db: DB, expect: Expectation | None = None) -> Verdict:
             violations.append(Violation(ANSWER_ONCE, f"completed turn {turn['id']} has {what}", {
                 "turn": _turn_brief(turn), "row_ids": [r["id"] for r in given],
                 "rows": [_brief(r) for r in given]}))
-        elif index < len(expected) and expected[index] and given[0]["content"] != expected[index]:
-            violations.append(Violation(ANSWER_ONCE, f"turn {turn['id']} answered something else than expected", {
-                "turn": _turn_brief(turn), "expected": expected[index], "row": _brief(given[0])}))
     return _verdict(ANSWER_ONCE, violations, {"done_turns": done, "answers": sum(map(len, answers.values()))})
+
+
+def _interrupted(events: Sequence[dict[str, Any]]) -> bool:
+    """Did some worker of the case stop before it could tell how its turn ended (killed,
+    paused and overtaken, or failed on its storage)? Only then may a result be unknown."""
+    return any((e.get("type") == "exit" and (e.get("signal") is not None or e.get("returncode") not in (0, None)))
+               or e.get("type") == "pause" for e in events)
+
+
+def _requested_calls(d: Durable) -> dict[tuple[str, str, str], tuple[str, Any]]:
+    """(session, turn, call id) -> (tool name, decoded arguments or the raw text) of every
+    call an original assistant row asked for."""
+    calls: dict[tuple[str, str, str], tuple[str, Any]] = {}
+    for row in d.rows:
+        if row["role"] != "assistant" or row["cloned_from"] is not None:
+            continue
+        for call in row.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                continue
+            function = call.get("function") or {}
+            raw = function.get("arguments")
+            try:
+                arguments = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
+            except ValueError:
+                arguments = raw
+            calls[_call_key(row["session_id"], row["turn_id"], call.get("id"))] = (function.get("name"), arguments)
+    return calls
+
+
+def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expectation | None = None, *,
+                    oracle: Callable[[str, Any], frozenset[str] | None] = clean_results) -> Verdict:
+    """Every durable result says what really happened, and every completed answer is the script's.
+
+    Each original tool row equals, character for character, a result its tool returns for
+    the call's arguments when run cleanly (`oracle`, the chaos tools' own result builders),
+    unless it is a result the contract allows for that call:
+    * the unknown-outcome result, when the call's dispatch intent is durable and some worker
+      of the case was interrupted (killed, overtaken, or failed on storage);
+    * the cancelled result, when no dispatch intent was ever recorded (the call never started).
+    A harness or runtime error disguised as a tool result (a lost ledger write, a tool that
+    crashed on the harness's own bug) fails here with the row and the clean results as witness.
+    Results of tools the oracle does not know are counted, not judged. When
+    `expect.final_answers` names a text for a turn's position (turns ordered by creation), the
+    completed turn's answer is exactly that text.
+    """
+    d = _durable(db)
+    if d.error:
+        return _unreadable(RESULT_FIDELITY, d)
+    requested = _requested_calls(d)
+    intents = {_call_key(i["session_id"], i["turn_id"], i["tool_call_id"]) for i in d.dispatches}
+    interrupted = _interrupted(events)
+    violations: list[Violation] = []
+    judged = unjudged = allowed = 0
+    for row in d.rows:
+        if row["role"] != "tool" or row["cloned_from"] is not None:
+            continue
+        key = _call_key(row["session_id"], row["turn_id"], row["tool_call_id"])
+        content = row["content"]
+        name, arguments = requested.get(key, (row.get("name"), None))
+        witness = {"row_id": row["id"], "row": _brief(row), "tool": name, "arguments": arguments}
+        if content == UNKNOWN_OUTCOME:
+            if key in intents and interrupted:
+                allowed += 1
+            else:
+                why = "it was never dispatched" if key not in intents else "no worker of the case was interrupted"
+                violations.append(Violation(RESULT_FIDELITY, f"call {key[2]} is recorded with an unknown outcome, "
+                                                             f"but {why}", witness))
+            continue
+        if isinstance(content, str) and content.startswith(CANCELLED_RESULT):
+            if key in intents:
+                violations.append(Violation(RESULT_FIDELITY, f"call {key[2]} is recorded as cancelled, but its "
+                                                             "dispatch intent is durable: it may have run", witness))
+            else:
+                allowed += 1
+            continue
+        judgeable = name is not None and key in requested and isinstance(arguments, dict)
+        expected = oracle(name, arguments) if judgeable else None
+        if expected is None:
+            unjudged += 1
+            continue
+        judged += 1
+        if content not in expected:
+            violations.append(Violation(RESULT_FIDELITY, f"the result of {name} call {key[2]} is not what {name} "
+                                                         "returns for these arguments", dict(
+                witness, content=content if not isinstance(content, str) else content[:_QUOTE],
+                clean_results=sorted(expected))))
+    expected_answers = expect.final_answers if expect is not None else ()
+    answers = _answers(d)
+    for index, turn in enumerate(d.turns):
+        given = answers.get(turn["id"], [])
+        if (turn["state"] == "done" and index < len(expected_answers) and expected_answers[index]
+                and len(given) == 1 and given[0]["content"] != expected_answers[index]):
+            violations.append(Violation(RESULT_FIDELITY, f"turn {turn['id']} answered something else than the "
+                                                         "script", {"turn": _turn_brief(turn),
+                                                                    "expected": expected_answers[index],
+                                                                    "row_id": given[0]["id"],
+                                                                    "row": _brief(given[0])}))
+    return _verdict(RESULT_FIDELITY, violations, {"results_judged": judged, "results_allowed": allowed,
+                                                  "results_unjudged": unjudged})
+
+
+def stream_honesty(events: Sequence[dict[str, Any]], promises: Promises = FULL_PROMISES) -> Verdict:
+    """Streamed text a client was shown ends honestly, whatever was killed.
+
+    The rule: streamed deltas are provisional. The deltas one worker shows for one turn
+    since its previous `stream_end` form one streamed reply, and it must end in exactly one of
+    * a `stream_end` "commit" from that worker whose text equals the deltas joined (the
+      reply's durable content; durable-before-visible checks that it was durable), or
+    * a `stream_end` "retract" from that worker, or, when that worker died first, from a
+      later worker of the same turn (a resumed worker retracts its turn's open streams
+      before anything else), after which a client drops the provisional text.
+    A reply left open at the end of the case, or committed with other text than was
+    streamed, is a violation (CONTRACT for a target that does not promise retraction).
+    """
+    kind = DAMAGE if promises.stream_retraction else CONTRACT
+    open_replies: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    exited: set[Any] = set()
+    violations: list[Violation] = []
+    replies = commits = retracts = 0
+    for e in events:
+        if e.get("type") == "exit":
+            exited.add(e.get("incarnation"))
+            continue
+        if e.get("type") != "ui":
+            continue
+        where = (e.get("incarnation"), e.get("turn"))
+        if e.get("kind") == "stream":
+            open_replies.setdefault(where, []).append(e)
+        elif e.get("kind") == "stream_end" and e.get("outcome") == "commit":
+            deltas = open_replies.pop(where, [])
+            if not deltas:
+                continue  # nothing was shown provisionally, so nothing to reconcile
+            replies += 1
+            commits += 1
+            streamed = "".join(str(x.get("text") or "") for x in deltas)
+            if e.get("text") != streamed:
+                violations.append(Violation(STREAM_HONESTY, f"turn {e.get('turn')}: the committed reply differs "
+                                                            "from the text that was streamed", {
+                    "streamed": streamed[:_QUOTE], "committed": str(e.get("text"))[:_QUOTE],
+                    "event": _when(e)}, kind))
+        elif e.get("kind") == "stream_end" and e.get("outcome") == "retract":
+            # Its own open reply, and every reply of this turn whose worker is already dead.
+            for other in [w for w in open_replies
+                          if w == where or (w[1] == e.get("turn") and w[0] in exited)]:
+                open_replies.pop(other)
+                replies += 1
+                retracts += 1
+    for (incarnation, turn), deltas in open_replies.items():
+        replies += 1
+        shown = "".join(str(x.get("text") or "") for x in deltas)
+        violations.append(Violation(STREAM_HONESTY, f"turn {turn}: text streamed by worker {incarnation} was "
+                                                    "never committed nor retracted", {
+            "incarnation": incarnation, "turn": turn, "shown": shown[:_QUOTE], "deltas": len(deltas),
+            "first_shown": _when(deltas[0])}, kind))
+    return _verdict(STREAM_HONESTY, violations, {"streamed_replies": replies, "committed": commits,
+                                                 "retracted": retracts})
 
 
 def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
@@ -757,47 +937,179 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
     return _verdict(FAILS_CLOSED, violations, {"storage_faults": len(broken)})
 
 
-def coverage(events: Sequence[dict[str, Any]], planned_kill: str | None) -> Verdict:
-    """When a kill was planned at "probe:n", the n-th hit of that probe was reported with
-    `kill` True. If it never was, the case tested nothing it meant to: the answer is
-    unknown ("planned kill never fired"), never a pass.
+LEASE_LOST = "session_persistence_failed:lease"
+
+
+def consume_once(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
+                 events: Sequence[dict[str, Any]]) -> Verdict:
+    """k workers resuming one interrupted turn at once consume it once.
+
+    For each `crowd` event (the nemesis started several resume workers on one interrupted
+    turn at the same instant): at most one member answered the turn (completed it having
+    called the model); every other member ended as a fenced-off loser
+    (`session_persistence_failed:lease`), found nothing to resume, found the answer
+    already durable, or was killed (a tool of the turn may kill its own process); no
+    at-most-once call of the turn executed more than once (ledger); and the turn holds at
+    most one final answer.
     """
-    probes = _of_type(events, "probe")
-    counts = {"probe_hits": len(probes), "kills": sum(1 for e in probes if e.get("kill") is True)}
-    if planned_kill is None:
-        return Verdict(True, [], counts, COVERAGE)
-    try:
-        plan = KillPlan.parse(planned_kill)
-    except ValueError as exc:
-        return Verdict(UNKNOWN, [], counts, COVERAGE, message=f"planned kill never fired: {exc}")
-    fired = [e for e in probes if e.get("kill") is True and e.get("name") == plan.probe
-             and str(e.get("n")) == str(plan.occurrence)]  # n may have crossed JSON as a string
-    if fired:
-        return Verdict(True, [], counts, COVERAGE)
-    hits = [e.get("n") for e in probes if e.get("name") == plan.probe]
-    counts["planned_probe_hits"] = len(hits)
-    return Verdict(UNKNOWN, [], counts, COVERAGE,
-                   message=f"planned kill never fired: {plan.spec()} (that probe was hit {len(hits)} time(s))")
+    crowds = _of_type(events, "crowd")
+    if not crowds:
+        return Verdict(True, [], {"crowds": 0}, CONSUME_ONCE)
+    d = _durable(db)
+    if d.error:
+        return _unreadable(CONSUME_ONCE, d)
+    executions = load_executions(ledger)
+    if isinstance(executions, str):
+        return _unknown(CONSUME_ONCE, executions, NO_LEDGER)
+    outcomes = {e.get("incarnation"): e.get("result") or {} for e in _of_type(events, "outcome")}
+    killed = {e.get("incarnation") for e in _of_type(events, "exit") if e.get("signal") is not None}
+    answers = _answers(d)
+    violations: list[Violation] = []
+    losers = 0
+    for crowd in crowds:
+        turn, members = crowd.get("turn_id"), list(crowd.get("incarnations") or [])
+        answered = []
+        for inc in members:
+            result = outcomes.get(inc, {})
+            if result.get("outcome") == "completed" and (result.get("api_calls") or 0) > 0:
+                answered.append(inc)
+            elif (result.get("outcome") == "nothing to resume" or result.get("failure_reason") == LEASE_LOST
+                  or (result.get("outcome") == "completed" and not result.get("api_calls"))
+                  or (not result and inc in killed)):
+                losers += 1
+            else:
+                violations.append(Violation(CONSUME_ONCE, f"worker {inc} of the {len(members)} resuming turn {turn} "
+                                                          "ended neither as the one that answered nor as a "
+                                                          "fenced-off loser", {"incarnation": inc,
+                                                                               "outcome": result or None}))
+        if len(answered) > 1:
+            violations.append(Violation(CONSUME_ONCE, f"{len(answered)} of the {len(members)} workers resuming "
+                                                      f"turn {turn} each answered it", {
+                "incarnations": answered, "outcomes": [outcomes.get(i) for i in answered]}))
+        gated: Counter[str] = Counter(e["tool_call_id"] for e in executions
+                                      if e.get("turn_id") == turn and e.get("policy") == AT_MOST_ONCE)
+        for call_id, n in sorted(gated.items()):
+            if n > 1:
+                violations.append(Violation(CONSUME_ONCE, f"at-most-once call {call_id} of turn {turn} executed "
+                                                          f"{n} times", {"turn": turn, "tool_call_id": call_id,
+                                                                         "executions": [
+                                                                             e for e in executions
+                                                                             if e.get("tool_call_id") == call_id]}))
+        if len(answers.get(turn, [])) > 1:
+            given = answers[turn]
+            violations.append(Violation(CONSUME_ONCE, f"turn {turn} holds {len(given)} answers after being "
+                                                      "resumed by several workers at once", {
+                "row_ids": [r["id"] for r in given], "rows": [_brief(r) for r in given]}))
+    return _verdict(CONSUME_ONCE, violations, {"crowds": len(crowds), "losers": losers})
+
+
+def twin_transcript(d: Durable) -> list[list[Any]]:
+    """A recovered transcript as recovery-determinism compares it: per row, in id order, its
+    session, turn, role, active flag, whether it is a compaction clone, and the digest of what
+    it says (role, content, tool calls, call id, name), with the start of its text to read.
+    Row ids, timestamps and lease epochs are left out: two recoveries need not agree on them."""
+    out: list[list[Any]] = []
+    for row in d.rows:
+        content = row.get("content")
+        text = content if isinstance(content, str) else canonical_json(content)
+        out.append([row["session_id"], row["turn_id"], row["role"], int(row["active"]),
+                    row["cloned_from"] is not None, row_digest(row), (text or "")[:80]])
+    return out
+
+
+def recovery_determinism(events: Sequence[dict[str, Any]]) -> Verdict:
+    """Two independent recoveries of byte-identical copies of one crashed state give the
+    same transcript, row for row, apart from what a recovery may not fix: row ids,
+    timestamps, and the fencing epoch and owner of the lease (see `twin_transcript`).
+    Each `twin` event carries both recovered transcripts' rows in that form.
+    """
+    twins = _of_type(events, "twin")
+    violations: list[Violation] = []
+    undetermined = [t for t in twins if t.get("error")]
+    for twin in twins:
+        if twin.get("error"):
+            continue
+        a, b = twin.get("a") or [], twin.get("b") or []
+        if a != b:
+            index = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            violations.append(Violation(RECOVERY_DETERMINISM, f"two recoveries of one crashed state differ at "
+                                                              f"row {index + 1}", {
+                "crash": twin.get("crash"), "rows_a": len(a), "rows_b": len(b),
+                "a": a[index] if index < len(a) else None, "b": b[index] if index < len(b) else None}))
+    message = "; ".join(str(t["error"]) for t in undetermined) if undetermined else None
+    return _verdict(RECOVERY_DETERMINISM, violations, {"twins": len(twins)}, message)
+
+
+def coverage(events: Sequence[dict[str, Any]], planned: Fault | None) -> Verdict:
+    """Every fault planned for the case landed.
+
+    A probe kill landed when the n-th hit of its probe was reported with `kill` True and the
+    worker that reported it was reaped dead of SIGKILL; a timer kill when the supervisor's
+    timer sent SIGKILL and the worker it aimed at was reaped dead of it; a pause when the
+    worker was seen stopped while another took its session over. A probe never reached is
+    unknown ("unfired"); a fault that fired or was aimed but stopped nothing is unknown
+    ("no-kill"). Neither is ever a pass.
+    """
+    probes_hit = _of_type(events, "probe")
+    exits = {e.get("incarnation"): e for e in _of_type(events, "exit")}
+    counts = {"probe_hits": len(probes_hit), "kills": sum(1 for e in exits.values() if e.get("signal") == SIGKILL)}
+    fault = planned
+    while fault is not None:
+        if fault.kind == "timer":
+            aimed = [e for e in _of_type(events, "kill") if e.get("by") == "timer"]
+            if not any(exits.get(e.get("incarnation"), {}).get("signal") == SIGKILL for e in aimed):
+                return _unknown(COVERAGE, f"no-kill: the timer kill {fault.label()} landed on no live worker "
+                                          "(it had exited before the timer fired)", NO_KILL, counts)
+        else:
+            fired = [e for e in probes_hit if e.get("kill") is True and e.get("name") == fault.probe
+                     and str(e.get("n")) == str(fault.n)]  # n may have crossed JSON as a string
+            if not fired:
+                hits = [e for e in probes_hit if e.get("name") == fault.probe]
+                counts["planned_probe_hits"] = len(hits)
+                return _unknown(COVERAGE, f"planned kill never fired: {fault.point} (that probe was hit "
+                                          f"{len(hits)} time(s))", UNFIRED, counts)
+            incarnations = {e.get("incarnation") for e in fired}
+            if fault.kind == "pause":
+                landed = any(e.get("stopped") is True and e.get("incarnation") in incarnations
+                             for e in _of_type(events, "pause"))
+            else:
+                landed = any(exits.get(inc, {}).get("signal") == SIGKILL for inc in incarnations)
+            if not landed:
+                what = "was never seen stopped" if fault.kind == "pause" else "did not die of SIGKILL"
+                return _unknown(COVERAGE, f"no-kill: {fault.point} fired, but the worker {what}", NO_KILL, counts)
+        fault = fault.then
+    return Verdict(True, [], counts, COVERAGE)
 
 
 # ------------------------------------------------------------------- entries
 def check_case(db_path: Path, ledger_path: Path | None, events: list[dict[str, Any]],
-               expect: Expectation | None = None, planned_kill: str | None = None) -> Verdict:
+               expect: Expectation | None = None, planned: Fault | None = None,
+               promises: Promises = FULL_PROMISES) -> Verdict:
     """Every invariant, in INVARIANTS order, on one finished case; composed as "case"."""
     d = load_durable(Path(db_path))  # read once: every invariant judges the same final state
+    executions = load_executions(ledger_path)  # and the ledger once
+    ledger = executions if not isinstance(executions, str) else ledger_path
     verdicts = [
-        durable_before_visible(events),
-        durable_before_effect(events),
+        durable_before_visible(events, promises),
+        durable_before_effect(events, promises),
         no_lost_rows(d, events),
         no_duplicate_rows(d),
         well_formed(d),
-        effect_semantics(d, ledger_path, events),
+        effect_semantics(d, ledger, events, promises=promises),
+        result_fidelity(d, events, expect),
+        stream_honesty(events, promises),
         turn_liveness(d, events, expect),
-        answer_once(d, expect),
+        answer_once(d),
         sanitize_pure(d, events),
         fails_closed(events),
-        coverage(events, planned_kill),
+        consume_once(d, ledger, events),
+        recovery_determinism(events),
+        coverage(events, planned),
     ]
+    errors = _of_type(events, "harness_error")
+    if errors:  # the supervisor failed to observe something: nothing it concluded can be trusted
+        verdicts.append(_unknown("harness", "; ".join(str(e.get("error")) for e in errors[:3]), UNDETERMINED,
+                                 {"errors": len(errors)}))
     return compose(verdicts, name="case")
 
 
@@ -813,5 +1125,5 @@ def check_structure(db_path: Path, session_id: str | None = None) -> Verdict:
     elif d.error is None and session_id is not None and session_id not in d.sessions:
         reason = f"session {session_id!r} is not in {db_path}"
     if reason is not None:  # nothing to judge is not the same as nothing wrong
-        return compose([Verdict(UNKNOWN, [], {}, n, message=reason) for n in names], name="structure")
+        return compose([_unknown(n, reason, UNDETERMINED) for n in names], name="structure")
     return compose([well_formed(d), no_duplicate_rows(d), answer_once(d)], name="structure")

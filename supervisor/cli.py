@@ -166,6 +166,9 @@ def run_chaos(args: argparse.Namespace) -> int:
     all_scenarios = (set(scenarios) == set(SCENARIOS) and not config.case_ids and not config.probes
                      and config.mode == "exhaustive")
     unreached = [p for p in POINTS if p not in summary["reached"]] if all_scenarios else []
+    # A kill point asked for by name that no run reached planned nothing there: never a pass.
+    if not config.case_ids:
+        unreached += [p for p in config.probes if p not in summary["reached"] and p not in unreached]
     summary.update(wall_seconds=round(wall, 2), cycles_per_second=round(len(results) / wall, 2) if wall else None,
                    unreached=unreached, ok=summary["ok"] and not unreached)
     print(table(summary))

@@ -28,13 +28,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from hermes.state import SessionDB, StorageError
+from hermes.state import StorageError
 
 # Keys every event carries; a caller's field of the same name would silently lie about
 # when or where the event happened, so `record` refuses them.
@@ -177,35 +176,17 @@ def summarize_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def snapshot_rows(db_path: Path) -> dict[int, dict[str, Any]]:
-    """Every message row of the database right now, active or not, read through a read-only connection.
+    """Every message row of the database right now, active or not, read from a snapshot copy
+    (see supervisor.durable), so taking it never changes the files it describes.
 
     Returns ``{id: {"session", "turn", "role", "active", "cloned_from", "digest", "blank"}}``
     ("blank": a blank assistant row, whose later repair the checker allows); ``{}`` when
     the file or its schema does not exist yet (a worker killed before creating them).
+    Raises StorageError when the file exists and cannot be read.
     """
-    db_path = Path(db_path)
-    if not db_path.exists():
-        return {}
-    from supervisor import upstream_schema
-    if upstream_schema.is_upstream(db_path):  # upstream hermes-agent's schema
-        return {int(r["id"]): summarize_row(r) for r in upstream_schema.read(db_path)[1]}
-    try:
-        db = SessionDB(db_path, readonly=True)
-    except StorageError:
-        if not db_path.exists():  # removed between the check and the open
-            return {}
-        raise
-    try:
-        try:
-            sessions = db.list_sessions()
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):  # the file exists, its schema is not committed yet
-                return {}
-            raise
-        rows: dict[int, dict[str, Any]] = {}
-        for session in sessions:
-            for row in db.get_messages(session["id"], include_inactive=True):
-                rows[int(row["id"])] = summarize_row(row)
-        return dict(sorted(rows.items()))
-    finally:
-        db.close()
+    from supervisor.durable import load_durable
+
+    state = load_durable(Path(db_path))
+    if state.error is not None:
+        raise StorageError(f"cannot snapshot {db_path}: {state.error}")
+    return {int(r["id"]): summarize_row(r) for r in state.rows}

@@ -242,7 +242,7 @@ def _violations(summary: dict[str, Any]) -> str:
         witness = json.dumps(v.get("witness"), indent=2, ensure_ascii=False, default=str)
         items.append(
             f'<li class="violation" id="v-{i}" data-violation data-case="{_h(stem)}">'
-            f'<strong>{_h(v["invariant"])}</strong> in <a href="{_h(_href(case=stem))}"><code>{_h(v["case"])}</code></a>'
+            f'<strong>{_h(v["invariant"])}</strong> ({_h(v.get("class", "damage"))}) in <a href="{_h(_href(case=stem))}"><code>{_h(v["case"])}</code></a>'
             f'<div>{_h(v["message"])}</div>'
             f'<div>witness rows: <span class="rows">{_h(", ".join(map(str, rows)) or "none named")}</span></div>'
             f'<div>repro: <code class="repro">{_h(v["repro"])}</code></div>'
@@ -275,9 +275,12 @@ def render(summary: dict[str, Any], results: list[dict[str, Any]], cases: dict[s
     failing = sum(1 for row in index if row[4] != "pass")
     data = {"cases": index, "page_size": PAGE_SIZE, "inline": cases is not None, "no_probe": NO_PROBE}
     verdict = "PASS" if summary.get("ok") else "FAIL"
-    facts = [("cases", summary.get("cases", len(results))), ("kills", summary.get("kills")),
-             ("violations", len(summary.get("violations", []))), ("unfired", len(summary.get("unfired", []))),
-             ("failing cases", failing)]
+    by_class = summary.get("violations_by_class") or {}
+    facts = [("cases", summary.get("cases", len(results))), ("kills landed", summary.get("kills")),
+             ("no-kill cases", summary.get("no_kill", 0)),
+             ("violations", f"{len(summary.get('violations', []))} (damage {by_class.get('damage', 0)}, "
+                            f"contract {by_class.get('contract', 0)})"),
+             ("not judged", len(summary.get("unknown", []))), ("failing cases", failing)]
     if summary.get("unreached"):
         facts.append(("unreached points", ", ".join(summary["unreached"])))
     if summary.get("wall_seconds") is not None:

@@ -132,9 +132,63 @@ def request_key(messages: list[dict]) -> str:
     return _digest(messages)
 
 
-def tool_call_id(user_text: str | None, index: int, position: int) -> str:
-    """Deterministic id so a re-sent conversation gets identical call ids."""
-    return "call_" + _digest(["tool_call", user_text, index, position])[:16]
+def turn_start(messages: list[dict]) -> int | None:
+    """Index of the user message the current turn began with; None without any user message.
+
+    It is the earliest user message m such that every user message from m on has the last
+    user message's text and no final answer (an assistant message without tool calls) lies
+    between m and the last user message. So a client that re-sends an interrupted message
+    stays in the same turn, while the same text asked again after an answer starts a new one.
+    """
+    last = _last_user_index(messages)
+    if last is None:
+        return None
+    text = _content_text(messages[last].get("content"))
+    start = last
+    for i in range(last - 1, -1, -1):
+        msg = messages[i]
+        if not isinstance(msg, dict):
+            continue
+        role = msg.get("role")
+        if role == "assistant" and not msg.get("tool_calls"):
+            break
+        if role == "user":
+            if _content_text(msg.get("content")) != text:
+                break
+            start = i
+    return start
+
+
+def _prefix_entry(message: dict) -> list[Any]:
+    # Only what the conversation says: a client that reloads its transcript may spell
+    # incidental fields (a tool row's name, a call's type, None vs "") differently.
+    calls = [
+        [c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")]
+        for c in message.get("tool_calls") or []
+        if isinstance(c, dict)
+    ]
+    return [message.get("role"), _content_text(message.get("content")), calls, message.get("tool_call_id")]
+
+
+def turn_prefix_digest(messages: list[dict]) -> str:
+    """Digest of the conversation before the current turn (see `turn_start`).
+
+    System messages are left out: they configure the client, they are not the conversation,
+    and a client may word its system prompt differently on a resumed run.
+    """
+    start = turn_start(messages)
+    prefix = [] if start is None else messages[:start]
+    return _digest([_prefix_entry(m) for m in prefix if isinstance(m, dict) and m.get("role") != "system"])
+
+
+def tool_call_id(prefix_digest: str, user_text: str | None, index: int, position: int) -> str:
+    """Deterministic id, unique per turn: a re-sent conversation gets identical call ids, and
+    the same message asked again in a later turn gets new ones.
+
+    `prefix_digest` is `turn_prefix_digest(messages)`; the turn's user text keeps two
+    different first messages of one conversation apart.
+    """
+    return "call_" + _digest(["tool_call", prefix_digest, user_text, index, position])[:16]
 
 
 def turn_script(turns: dict[str, list[Reply]], default: Reply | None = None) -> Script:
@@ -581,10 +635,11 @@ class ScriptedModelServer:
     def _build(self, messages: list[dict], reply: Reply, key: str, idx: int) -> _Built:
         """Render a Reply as both a completion and a list of stream chunks."""
         user_text = last_user_text(messages)
+        prefix = turn_prefix_digest(messages)
         completion_id = "chatcmpl-" + key[:24]
         calls = [
             {
-                "id": tool_call_id(user_text, idx, pos),
+                "id": tool_call_id(prefix, user_text, idx, pos),
                 "type": "function",
                 "function": {"name": spec.name, "arguments": spec.arguments_json()},
             }

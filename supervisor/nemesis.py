@@ -69,7 +69,17 @@ class Fault:
         return ["--kill-at", f"{self.probe}:{self.n}", "--kill-mode", mode]
 
 
-def timer_delays(seed: int, count: int, low_ms: int = 5, high_ms: int = 600) -> list[int]:
-    """Seeded kill delays, so a random campaign is reproducible from its seed."""
+# Timer kills aim at this share of a worker's measured live span: late enough to land past
+# its start, early enough that a run a little faster than the measured one is still alive.
+TIMER_AIM = (0.02, 0.7)
+
+
+def timer_fractions(seed: int, count: int) -> list[float]:
+    """Seeded fractions of a live span, so a random campaign's plan follows from its seed."""
     rng = random.Random(seed)
-    return [rng.randint(low_ms, high_ms) for _ in range(count)]
+    return [rng.uniform(*TIMER_AIM) for _ in range(count)]
+
+
+def aimed_delay_ms(fraction: float, span_ms: int) -> int:
+    """A timer kill's delay: `fraction` of the live span a fault-free run of the case measured."""
+    return max(1, int(fraction * max(span_ms, 1)))

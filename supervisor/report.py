@@ -21,13 +21,19 @@ def table(summary: dict[str, Any]) -> str:
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
-    lines.append(f"cases {summary['cases']}, kills {summary['kills']}, violations {len(summary['violations'])}, "
-                 f"unfired {len(summary['unfired'])}, verdict {'PASS' if summary['ok'] else 'FAIL'}")
+    lines.append(_totals(summary))
     for v in summary["violations"]:
-        lines.append(f"  {v['invariant']}: {v['case']}: {v['message']}\n    repro: {v['repro']}")
-    for case_id in summary["unfired"]:
-        lines.append(f"  planned kill never fired: {case_id}")
+        lines.append(f"  {v['invariant']} ({v['class']}): {v['case']}: {v['message']}\n    repro: {v['repro']}")
+    for u in summary["unknown"]:
+        lines.append(f"  not judged ({', '.join(u['reasons']) or 'unknown'}): {u['case']}: {u['message']}")
     return "\n".join(lines)
+
+
+def _totals(summary: dict[str, Any]) -> str:
+    by_class = summary["violations_by_class"]
+    return (f"cases {summary['cases']}, kills landed {summary['kills']}, no-kill cases {summary['no_kill']}, "
+            f"violations {len(summary['violations'])} (damage {by_class['damage']}, contract {by_class['contract']}), "
+            f"not judged {len(summary['unknown'])}, verdict {'PASS' if summary['ok'] else 'FAIL'}")
 
 
 def _private_file(path: Path, text: str) -> None:
@@ -46,7 +52,8 @@ def junit(results: list[CaseResult]) -> str:
             text = "\n".join(f"{v.invariant}: {v.message}" for v in r.verdict.violations)
             body = f'<failure message={quoteattr(text[:200])}>{escape(text)}\nrepro: {escape(r.repro())}</failure>'
         elif r.verdict.valid is not True:
-            body = f'<error message="unknown verdict">{escape(r.repro())}</error>'
+            why = ", ".join(r.verdict.reasons) or "unknown verdict"
+            body = f'<error message={quoteattr(why)}>{escape(r.verdict.message)}\nrepro: {escape(r.repro())}</error>'
         cases.append(f'  <testcase classname={quoteattr(r.case.scenario)} name={quoteattr(r.case.case_id)} '
                      f'time="{r.seconds:.3f}">{body}</testcase>')
     return ('<?xml version="1.0" encoding="utf-8"?>\n'
@@ -55,8 +62,7 @@ def junit(results: list[CaseResult]) -> str:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    lines = ["# Chaos campaign", "", f"Verdict: **{'PASS' if summary['ok'] else 'FAIL'}**, "
-             f"{summary['cases']} cases, {summary['kills']} kills, {len(summary['violations'])} violations.", "",
+    lines = ["# Chaos campaign", "", f"Verdict: **{'PASS' if summary['ok'] else 'FAIL'}**: {_totals(summary)}.", "",
              "| kill point | hit | cases | violations |", "| --- | --- | --- | --- |"]
     for name, e in summary["points"].items():
         lines.append(f"| `{name}` | {'yes' if e['hit'] else ('-' if not e['cases'] else 'NO')} | {e['cases']} | "
@@ -64,7 +70,13 @@ def markdown(summary: dict[str, Any]) -> str:
     if summary["violations"]:
         lines += ["", "## Violations", ""]
         for v in summary["violations"]:
-            lines.append(f"- **{v['invariant']}** in `{v['case']}`: {v['message']}  \n  repro: `{v['repro']}`")
+            lines.append(f"- **{v['invariant']}** ({v['class']}) in `{v['case']}`: {v['message']}  \n"
+                         f"  repro: `{v['repro']}`")
+    if summary["unknown"]:
+        lines += ["", "## Not judged", ""]
+        for u in summary["unknown"]:
+            lines.append(f"- `{u['case']}` ({', '.join(u['reasons']) or 'unknown'}): {u['message']}  \n"
+                         f"  repro: `{u['repro']}`")
     return "\n".join(lines) + "\n"
 
 

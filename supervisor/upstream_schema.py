@@ -1,8 +1,9 @@
 """Upstream Hermes's state.db (PyPI `hermes-agent`), read into the rows the checker judges.
 
 Upstream's `messages` table has no turn ids, no `cloned_from`, and there is no `turns`
-or `tool_dispatches` table. This module reads its tables through a read-only connection
-(it never imports upstream) and derives what ours stores explicitly:
+or `tool_dispatches` table. This module reads its tables from a snapshot copy
+(`hermes.state.open_snapshot`: the worker has exited, and the files must stay exactly as it
+left them; it never imports upstream) and derives what ours stores explicitly:
 
 - a row's turn is `turn-<k>`, where k counts the user rows before it (the campaign runs
   turn k as the k-th user message, so the ids match the worker's);
@@ -20,27 +21,32 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from hermes.state import connect_readonly
+# open_snapshot fails with a sqlite3.DatabaseError (ReadOnlyOpenError), as the readers here expect.
+from hermes.state import open_snapshot
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in conn.execute(f"PRAGMA table_info({table})").fetchall()}
 
 
-def is_upstream(path: Path) -> bool:
-    """True when `path` is a database in upstream Hermes's schema (messages.timestamp, no turn_id)."""
-    path = Path(path)
+def is_upstream(source: Path | sqlite3.Connection) -> bool:
+    """True when `source` (a path, or an open connection to it) is a database in upstream
+    Hermes's schema (messages.timestamp, no turn_id)."""
+    if isinstance(source, sqlite3.Connection):
+        try:
+            cols = _columns(source, "messages")
+        except sqlite3.Error:
+            return False
+        return "timestamp" in cols and "turn_id" not in cols
+    path = Path(source)
     if not path.exists():
         return False
     try:
-        conn = connect_readonly(path)
+        conn = open_snapshot(path)
     except sqlite3.Error:
         return False
     try:
-        cols = _columns(conn, "messages")
-        return "timestamp" in cols and "turn_id" not in cols
-    except sqlite3.Error:
-        return False
+        return is_upstream(conn)
     finally:
         conn.close()
 
@@ -72,10 +78,12 @@ def assign_turns(rows: list[tuple[Any, ...]]) -> list[int]:
     return out
 
 
-def read(path: Path, session_id: str | None = None) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(sessions, rows, turns) of an upstream database, rows in the shape of `SessionDB.get_messages`."""
-    conn = connect_readonly(Path(path))
-    conn.execute("PRAGMA busy_timeout = 2000")
+def read(source: Path | sqlite3.Connection,
+         session_id: str | None = None) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(sessions, rows, turns) of an upstream database (a path, or a snapshot connection the
+    caller keeps), rows in the shape of `SessionDB.get_messages`."""
+    given = isinstance(source, sqlite3.Connection)
+    conn = source if given else open_snapshot(Path(source))
     try:
         sessions = [r[0] for r in conn.execute("SELECT id FROM sessions ORDER BY started_at, id")]
         if session_id is not None:
@@ -106,7 +114,8 @@ def read(path: Path, session_id: str | None = None) -> tuple[list[str], list[dic
         rows.sort(key=lambda r: r["id"])
         return sessions, rows, turns
     finally:
-        conn.close()
+        if not given:
+            conn.close()
 
 
 def turn_of_rows(conn: sqlite3.Connection, session: str) -> dict[int, str]:

@@ -19,7 +19,7 @@ import pytest
 
 from hermes.probes import POINTS
 from hermes.state import SessionDB
-from supervisor.campaign import Case, CampaignConfig, in_shard, random_cases
+from supervisor.campaign import CampaignConfig, Case, case_file_stem, in_shard, random_cases
 from supervisor.nemesis import Fault
 from supervisor.scenarios import SCENARIOS
 
@@ -95,8 +95,17 @@ def test_double_and_random_modes_pass(tmp_path: Path) -> None:
     assert all(len(r["fired"]) == 2 and r["kills"] >= 2 for r in pairs)
     rand = supervisor("chaos", "--mode", "random", "--seed", "11", "--runs", "20", "--kill-mode", "both",
                       "--report", str(tmp_path / "random"))
-    assert rand.returncode == 0, rand.stdout[-3000:]
-    assert read_report(tmp_path / "random")["cases"] == 20 + len(SCENARIOS)
+    report = read_report(tmp_path / "random")
+    assert report["cases"] == 20 + len(SCENARIOS)
+    assert report["violations"] == [], rand.stdout[-3000:]
+    # A timer aimed inside a live worker may still come too late on a loaded machine: that case is
+    # then "no-kill", counted and not judged (and the campaign exits 1), never a pass.
+    late = [r for r in report["results"] if r["no_kill"]]
+    assert all(r["fault"].startswith("timer@") for r in late), late
+    assert report["no_kill"] == len(late) == len(report["unknown"])
+    assert rand.returncode == (0 if not late else 1), rand.stdout[-3000:]
+    landed = [r for r in report["results"] if r["fault"] and not r["no_kill"]]
+    assert landed and all(r["kills"] >= 1 for r in landed)
 
 
 @pytest.mark.chaos
@@ -149,6 +158,35 @@ def test_random_mode_is_a_function_of_its_seed() -> None:
     assert len(first) == 30 and any("timer@" in c for c in first) and any("probe:" in c for c in first)
     config.seed = 43
     assert first != [c.case_id for c in random_cases(config, baselines)]
+
+
+def test_random_mode_aims_timer_kills_inside_the_measured_live_span() -> None:
+    from supervisor.campaign import CaseResult
+    from supervisor.checker import Verdict
+
+    baselines = {"single-tool": CaseResult(Case("single-tool"), Verdict(True, [], {}, "x"), 0, 0, 0.0,
+                                           [(0, 0, "flush.committed", 1)], span_ms=200)}
+    config = CampaignConfig(scenarios=["single-tool"], mode="random", seed=5, runs=200)
+    delays = [c.fault.delay_ms for c in random_cases(config, baselines) if c.fault and c.fault.kind == "timer"]
+    assert delays and all(1 <= d <= 140 for d in delays)  # at most 70 % of the 200 ms span
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_concurrent_resumers_and_twin_recoveries_pass_and_are_observed(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    done = supervisor("chaos", "--scenario", "writes", "--probe", "tool.dispatch.after", "--probe", "flush.in_txn",
+                      "--faults", "concurrent-resume,twin-recovery", "--jobs", "2", "--report", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = read_report(out)
+    killed = [r for r in report["results"] if r["fault"]]
+    assert killed and report["no_kill"] == 0
+    crowds = twins = 0
+    for case in killed:
+        history = json.loads((out / "cases" / f"{case_file_stem(case['case'])}.json").read_text())["events"]
+        crowds += sum(1 for e in history if e["type"] == "crowd")
+        twins += sum(1 for e in history if e["type"] == "twin" and not e.get("error"))
+    assert crowds >= 1 and twins >= 1
 
 
 def test_list_points_and_usage_errors() -> None:

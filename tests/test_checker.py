@@ -16,19 +16,46 @@ from typing import Any, Iterator
 
 import pytest
 
+from hermes.executor import CANCELLED_RESULT
 from hermes.resume import UNKNOWN_OUTCOME
 from hermes.state import SessionDB
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, ToolRegistry, tool_error
 from supervisor import checker
-from supervisor.checker import (CHAOS_TOOLS, INVARIANTS, UNKNOWN, Expectation, Verdict, Violation, answer_once,
-                                check_case, check_structure, compose, coverage, durable_before_effect,
-                                durable_before_visible, effect_semantics, fails_closed, no_duplicate_rows, no_lost_rows,
-                                sanitize_pure, turn_liveness, well_formed)
+from supervisor.checker import (
+    CHAOS_TOOLS,
+    INVARIANTS,
+    UNKNOWN,
+    Expectation,
+    Promises,
+    Verdict,
+    Violation,
+    answer_once,
+    check_case,
+    check_structure,
+    compose,
+    consume_once,
+    coverage,
+    durable_before_effect,
+    durable_before_visible,
+    effect_semantics,
+    fails_closed,
+    no_duplicate_rows,
+    no_lost_rows,
+    recovery_determinism,
+    result_fidelity,
+    sanitize_pure,
+    stream_honesty,
+    turn_liveness,
+    twin_transcript,
+    well_formed,
+)
 from supervisor.history import CaseHistory, HistoryWriter, read_history, snapshot_rows
+from supervisor.nemesis import Fault
 from worker import chaos_tools
 from worker.ledger import Ledger
 
 SID = "s-check"
+KILL_AT_SECOND_COMMIT = Fault("probe", probe="flush.committed", n=2)
 
 
 def call(call_id: str, name: str = "lookup", arguments: str = '{"key": "k"}') -> dict[str, Any]:
@@ -187,7 +214,7 @@ def test_compose_refuses_a_verdict_that_is_neither_true_false_nor_unknown() -> N
 # ================================================================== whole case
 def test_clean_case_passes_every_invariant(scenario: Scenario) -> None:
     ids = build_clean(scenario)
-    verdict = scenario.check(clean_events(scenario, ids), expect=EXPECT, planned_kill="flush.committed:2")
+    verdict = scenario.check(clean_events(scenario, ids), expect=EXPECT, planned=KILL_AT_SECOND_COMMIT)
     holds(verdict)
     assert [p.name for p in verdict.parts] == list(INVARIANTS)
     assert verdict.counts["no-lost-rows.rows_seen"] == len(ids)
@@ -213,9 +240,9 @@ def test_check_case_names_the_broken_invariant(scenario: Scenario) -> None:
     ids = build_clean(scenario)
     events = clean_events(scenario, ids)  # its snapshot saw the answer as written
     scenario.raw("UPDATE messages SET content = 'Something else.' WHERE id = ?", ids["ans2"])
-    verdict = scenario.check(events, expect=EXPECT, planned_kill="flush.committed:2")
+    verdict = scenario.check(events, expect=EXPECT, planned=KILL_AT_SECOND_COMMIT)
     assert verdict.valid is False
-    assert {v.invariant for v in verdict.violations} == {"sanitize-pure", "answer-once"}
+    assert {v.invariant for v in verdict.violations} == {"sanitize-pure", "result-fidelity"}
 
 
 # ====================================================== durable-before-visible
@@ -607,7 +634,7 @@ def test_answer_once_holds_and_ignores_compaction_clones(scenario: Scenario) -> 
     ids = build_clean(scenario)
     # Clone turn 2 (its answer included) after a summary: the clone is a copy, not an answer.
     scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
-    verdict = answer_once(scenario.db_path, EXPECT)
+    verdict = answer_once(scenario.db_path)
     holds(verdict)
     assert verdict.counts["done_turns"] == 2
 
@@ -627,10 +654,10 @@ def test_answer_once_fails_on_a_completed_turn_without_answer(scenario: Scenario
     assert "no final answer" in failing(answer_once(scenario.db_path), "answer-once").message
 
 
-def test_answer_once_fails_on_an_unexpected_answer(scenario: Scenario) -> None:
+def test_result_fidelity_fails_on_an_unexpected_answer(scenario: Scenario) -> None:
     build_clean(scenario)
     expect = Expectation(turns=2, final_answers=("", "Goodbye."))  # "" = turn 1 not checked
-    violation = failing(answer_once(scenario.db_path, expect), "answer-once")
+    violation = failing(result_fidelity(scenario.db_path, [], expect), "result-fidelity")
     assert violation.witness["expected"] == "Goodbye." and violation.witness["turn"]["id"] == "t2"
 
 
@@ -680,19 +707,19 @@ def test_sanitize_pure_fails_when_an_archived_row_comes_back(scenario: Scenario)
 # ==================================================================== coverage
 def test_coverage_holds_when_the_planned_kill_fired(scenario: Scenario) -> None:
     ids = build_clean(scenario)
-    holds(coverage(clean_events(scenario, ids), "flush.committed:2"))
+    holds(coverage(clean_events(scenario, ids), KILL_AT_SECOND_COMMIT))
     holds(coverage([], None))  # nothing planned, nothing to cover
 
 
 def test_coverage_is_unknown_when_the_planned_kill_never_fired(scenario: Scenario) -> None:
     ids = build_clean(scenario)
-    verdict = coverage(clean_events(scenario, ids), "flush.committed:3")
+    verdict = coverage(clean_events(scenario, ids), Fault("probe", probe="flush.committed", n=3))
     assert verdict.valid == UNKNOWN
     assert "planned kill never fired" in verdict.message
     assert verdict.counts["planned_probe_hits"] == 2
     # ... and a whole case with a dead injector cannot pass.
     assert scenario.check(clean_events(scenario, ids), expect=EXPECT,
-                          planned_kill="tool.dispatch.before").valid == UNKNOWN
+                          planned=Fault("probe", probe="tool.dispatch.before")).valid == UNKNOWN
 
 
 # ===================================================================== history
@@ -762,3 +789,205 @@ def test_snapshot_rows_reads_without_writing(scenario: Scenario, tmp_path: Path)
 def test_checker_module_exports_one_function_per_invariant() -> None:
     names = {name.replace("-", "_") for name in INVARIANTS}
     assert all(callable(getattr(checker, n)) and getattr(checker, n).__doc__ for n in names)
+
+
+# ============================================================= result-fidelity
+def test_result_fidelity_holds_for_clean_results_and_the_scripted_answers(scenario: Scenario) -> None:
+    build_clean(scenario)
+    verdict = result_fidelity(scenario.db_path, [], EXPECT)
+    holds(verdict)
+    assert verdict.counts["results_judged"] == 2
+
+
+def test_result_fidelity_catches_a_harness_error_disguised_as_a_tool_result(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    look = call("c-err", "lookup", '{"key": "a"}')
+    scenario.assistant("t1", None, (look,))
+    error = tool_error("tool 'lookup' failed: OperationalError: cannot start a transaction within a transaction")
+    row = scenario.tool("t1", look, IDEMPOTENT, error)
+    violation = failing(result_fidelity(scenario.db_path), "result-fidelity")
+    assert violation.witness["row_id"] == row
+    assert violation.witness["clean_results"] == ['{"key": "a", "value": "value-of-a"}']
+    assert violation.kind == "damage"
+
+
+def test_result_fidelity_allows_an_unknown_outcome_only_after_an_interruption(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (NOTE,))
+    scenario.dispatch("t1", NOTE, AT_MOST_ONCE)
+    scenario.result("t1", NOTE, UNKNOWN_OUTCOME)
+    killed = [{"t": 0.1, "case": "c", "type": "exit", "incarnation": 1, "returncode": None, "signal": 9}]
+    holds(result_fidelity(scenario.db_path, killed))
+    assert "interrupted" in failing(result_fidelity(scenario.db_path, []), "result-fidelity").message
+
+
+def test_result_fidelity_refuses_an_unknown_outcome_for_a_call_never_dispatched(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (NOTE,))
+    scenario.result("t1", NOTE, UNKNOWN_OUTCOME)
+    killed = [{"t": 0.1, "case": "c", "type": "exit", "incarnation": 1, "returncode": None, "signal": 9}]
+    assert "never dispatched" in failing(result_fidelity(scenario.db_path, killed), "result-fidelity").message
+
+
+def test_result_fidelity_refuses_cancelled_for_a_dispatched_call(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (NOTE,))
+    scenario.dispatch("t1", NOTE, AT_MOST_ONCE)
+    scenario.result("t1", NOTE, CANCELLED_RESULT)
+    assert "may have run" in failing(result_fidelity(scenario.db_path), "result-fidelity").message
+
+
+def test_result_fidelity_counts_but_does_not_judge_tools_it_does_not_know(scenario: Scenario) -> None:
+    _single_turn(scenario)
+    other = call("c-read", "read_file", '{"path": "x"}')
+    scenario.assistant("t1", None, (other,))
+    scenario.result("t1", other, "whatever the file says")
+    verdict = result_fidelity(scenario.db_path)
+    holds(verdict)
+    assert verdict.counts["results_unjudged"] == 1
+
+
+# =============================================================== stream-honesty
+def _ui(t: float, inc: int, kind: str, **fields: Any) -> dict[str, Any]:
+    return {"t": t, "case": "c", "type": "ui", "incarnation": inc, "kind": kind, "turn": "t1", **fields}
+
+
+def test_stream_honesty_holds_for_committed_and_retracted_streams() -> None:
+    events = [_ui(0.1, 1, "stream", text="Hel"), _ui(0.2, 1, "stream", text="lo."),
+              _ui(0.3, 1, "stream_end", outcome="commit", text="Hello.", durable=True),
+              _ui(0.4, 1, "stream", text="Partial"),
+              {"t": 0.5, "case": "c", "type": "exit", "incarnation": 1, "returncode": None, "signal": 9},
+              _ui(0.6, 2, "stream_end", outcome="retract", text=None)]
+    verdict = stream_honesty(events)
+    holds(verdict)
+    assert verdict.counts == {"streamed_replies": 2, "committed": 1, "retracted": 1}
+
+
+def test_stream_honesty_fails_on_text_never_committed_nor_retracted() -> None:
+    events = [_ui(0.1, 1, "stream", text="Partial"),
+              {"t": 0.2, "case": "c", "type": "exit", "incarnation": 1, "returncode": None, "signal": 9}]
+    violation = failing(stream_honesty(events), "stream-honesty")
+    assert violation.witness["shown"] == "Partial"
+
+
+def test_stream_honesty_fails_when_a_live_worker_is_retracted_by_another() -> None:
+    # A retraction speaks for dead workers only: a live one's stream stays open.
+    events = [_ui(0.1, 1, "stream", text="Partial"), _ui(0.2, 2, "stream_end", outcome="retract", text=None)]
+    failing(stream_honesty(events), "stream-honesty")
+
+
+def test_stream_honesty_fails_on_a_commit_that_differs_from_the_stream() -> None:
+    events = [_ui(0.1, 1, "stream", text="Hello"), _ui(0.2, 1, "stream_end", outcome="commit", text="Goodbye")]
+    assert "differs" in failing(stream_honesty(events), "stream-honesty").message
+
+
+def test_stream_honesty_is_a_contract_finding_for_a_target_that_never_retracts() -> None:
+    events = [_ui(0.1, 1, "stream", text="Partial")]
+    verdict = stream_honesty(events, Promises(stream_retraction=False))
+    assert verdict.valid is False and verdict.violations[0].kind == "contract"
+
+
+def test_durable_before_visible_does_not_judge_provisional_streams() -> None:
+    events = [_ui(0.1, 1, "stream", text="Hel"), _ui(0.2, 1, "stream_end", outcome="retract", text=None)]
+    holds(durable_before_visible(events))
+    shown = [_ui(0.3, 1, "stream_end", outcome="commit", text="Hel", durable=False)]
+    failing(durable_before_visible(shown), "durable-before-visible")
+
+
+# ================================================================ consume-once
+def _crowd(outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    incs = list(range(10, 10 + len(outcomes)))
+    events: list[dict[str, Any]] = [{"t": 0.0, "case": "c", "type": "crowd", "turn_id": "t1", "incarnations": incs}]
+    events += [{"t": 0.1, "case": "c", "type": "outcome", "incarnation": i, "result": r} for i, r in zip(incs, outcomes)]
+    return events
+
+
+WINNER = {"outcome": "completed", "api_calls": 2}
+LOSER = {"outcome": "failed", "failure_reason": "session_persistence_failed:lease"}
+
+
+def test_consume_once_holds_with_one_winner_and_fenced_losers(scenario: Scenario) -> None:
+    build_clean(scenario)
+    events = _crowd([WINNER, LOSER, LOSER, {"outcome": "nothing to resume"}])
+    verdict = consume_once(scenario.db_path, scenario.ledger_path, events)
+    holds(verdict)
+    assert verdict.counts == {"crowds": 1, "losers": 3}
+
+
+def test_consume_once_fails_on_two_winners_and_a_repeated_gated_effect(scenario: Scenario) -> None:
+    build_clean(scenario)
+    scenario.execute("t1", NOTE, AT_MOST_ONCE)  # the gated effect fired a second time
+    verdict = consume_once(scenario.db_path, scenario.ledger_path, _crowd([WINNER, WINNER, LOSER, LOSER]))
+    messages = [v.message for v in verdict.violations]
+    assert verdict.valid is False
+    assert any("each answered it" in m for m in messages) and any("executed 2 times" in m for m in messages)
+
+
+def test_consume_once_fails_on_a_member_that_ended_otherwise(scenario: Scenario) -> None:
+    build_clean(scenario)
+    odd = {"outcome": "failed", "failure_reason": "session_persistence_failed:locked"}
+    failing(consume_once(scenario.db_path, scenario.ledger_path, _crowd([WINNER, odd, LOSER, LOSER])),
+            "consume-once")
+
+
+# ======================================================== recovery-determinism
+def test_recovery_determinism_compares_the_twins_transcripts(scenario: Scenario) -> None:
+    build_clean(scenario)
+    rows = twin_transcript(checker.load_durable(scenario.db_path))
+    same = [{"t": 1.0, "case": "c", "type": "twin", "turn_id": "t1", "a": rows, "b": rows}]
+    holds(recovery_determinism(same))
+    other = [list(r) for r in rows]
+    other[3][5] = "0" * 64
+    violation = failing(recovery_determinism([dict(same[0], b=other)]), "recovery-determinism")
+    assert "row 4" in violation.message
+    undetermined = recovery_determinism([{"type": "twin", "error": "the twin-a recovery did not finish"}])
+    assert undetermined.valid == UNKNOWN and undetermined.reasons == ("undetermined",)
+
+
+# ================================================================ kills landing
+def test_coverage_says_no_kill_when_the_probe_fired_but_the_worker_lived(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    events = [e if e["type"] != "exit" else dict(e, returncode=0, signal=None) for e in clean_events(scenario, ids)]
+    verdict = coverage(events, KILL_AT_SECOND_COMMIT)
+    assert verdict.valid == UNKNOWN and verdict.reasons == ("no-kill",)
+
+
+def test_coverage_judges_timer_kills_by_how_the_worker_died() -> None:
+    timer = Fault("timer", delay_ms=30)
+    spawn = {"t": 0.0, "case": "c", "type": "spawn", "incarnation": 1}
+    kill = {"t": 0.03, "case": "c", "type": "kill", "incarnation": 1, "by": "timer", "signal": 9}
+    died = {"t": 0.04, "case": "c", "type": "exit", "incarnation": 1, "returncode": None, "signal": 9}
+    holds(coverage([spawn, kill, died], timer))
+    late = coverage([spawn, dict(died, returncode=0, signal=None)], timer)
+    assert late.valid == UNKNOWN and late.reasons == ("no-kill",) and "exited" in late.message
+
+
+def test_coverage_counts_a_pause_only_when_the_worker_was_seen_stopped() -> None:
+    pause = Fault("pause", probe="tool.dispatch.before", n=1)
+    fired = {"t": 0.1, "case": "c", "type": "probe", "incarnation": 1, "name": "tool.dispatch.before", "n": 1,
+             "kill": True}
+    stopped = {"t": 0.2, "case": "c", "type": "pause", "incarnation": 1, "stopped": True}
+    holds(coverage([fired, stopped], pause))
+    assert coverage([fired, dict(stopped, stopped=False)], pause).reasons == ("no-kill",)
+
+
+# ====================================================================== classes
+def test_missing_intents_are_a_contract_finding_for_a_target_without_them() -> None:
+    effect = {"t": 0.1, "case": "c", "type": "effect", "tool": "append_note", "tool_call_id": "c1", "turn": "t1",
+              "request_durable": True, "intent_durable": False}
+    assert failing(durable_before_effect([effect]), "durable-before-effect").kind == "damage"
+    upstream = durable_before_effect([effect], Promises(dispatch_intents=False))
+    assert upstream.violations[0].kind == "contract"
+    assert upstream.violations[0].to_json()["class"] == "contract"
+    lost_request = durable_before_effect([dict(effect, request_durable=False)], Promises(dispatch_intents=False))
+    assert lost_request.violations[0].kind == "damage"
+
+
+# ================================================================= list content
+def test_a_list_content_turn_is_well_formed(scenario: Scenario) -> None:
+    content = [{"type": "text", "text": "what is in this picture?"},
+               {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    scenario.db.write_pending(SID, [{"role": "user", "content": content, "_turn_id": "t1"}], start_turn="t1")
+    scenario.assistant("t1", "A cat.")
+    scenario.finish("t1")
+    holds(well_formed(scenario.db_path))

@@ -8,6 +8,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from hermes import executor
+from hermes.resume import UNKNOWN_OUTCOME
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import Tool, ToolContext, registry
@@ -36,6 +38,12 @@ class Workbench:
         self.dispatch_views: dict[str, list[dict[str, Any]]] = {}
         self.keys: dict[str, str | None] = {}
         self.args: dict[str, dict[str, Any]] = {}
+        # Named events a call may set ("signal") or wait for ("wait"), to order tool threads exactly.
+        self.gates: dict[str, threading.Event] = {}
+
+    def gate(self, name: str) -> threading.Event:
+        with self.lock:
+            return self.gates.setdefault(name, threading.Event())
 
     def note(self, kind: str, call_id: str) -> None:
         with self.lock:
@@ -50,6 +58,10 @@ class Workbench:
         if args.get("barrier"):
             assert self.barrier is not None
             self.barrier.wait(timeout=3)
+        if "signal" in args:
+            self.gate(args["signal"]).set()
+        if "wait" in args:
+            assert self.gate(args["wait"]).wait(timeout=30), f"gate {args['wait']} never opened"
         time.sleep(args.get("sleep", 0))
         if args.get("interrupt"):
             raise KeyboardInterrupt
@@ -225,7 +237,33 @@ def test_failed_dispatch_intent_means_the_tool_never_runs(agent: AIAgent, bench:
     assert agent._persistence_failure_cause == "readonly"
 
 
-def test_sequential_interrupt_cancels_every_remaining_call(agent: AIAgent, bench: Workbench, durable) -> None:
+class _RecordingPool(ThreadPoolExecutor):
+    """The executor's pool, kept so a test can join its threads after the batch abandoned them."""
+
+    made: list[ThreadPoolExecutor] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _RecordingPool.made.append(self)
+
+
+@pytest.fixture
+def pools(monkeypatch: pytest.MonkeyPatch, bench: Workbench) -> Iterator[list[ThreadPoolExecutor]]:
+    made: list[ThreadPoolExecutor] = []
+    monkeypatch.setattr(_RecordingPool, "made", made)
+    monkeypatch.setattr(executor, "ThreadPoolExecutor", _RecordingPool)
+    yield made
+    bench.gate("release").set()  # a failed test must not leave tools blocked
+    for pool in made:
+        pool.shutdown(wait=True)
+
+
+def _stored_results(durable: Any) -> list[tuple[str, str]]:
+    return [(m["tool_call_id"], m["content"]) for m in durable(SID) if m["role"] == "tool"]
+
+
+def test_sequential_interrupt_marks_the_running_call_unknown_and_cancels_the_rest(
+        agent: AIAgent, bench: Workbench, db: SessionDB, durable) -> None:
     calls = [_call("k1", SERIAL), _call("k2", SERIAL, interrupt=True), _call("k3", SERIAL)]
     messages = _open_batch(agent, bench, calls)
 
@@ -233,22 +271,99 @@ def test_sequential_interrupt_cancels_every_remaining_call(agent: AIAgent, bench
         executor.execute_tool_calls_sequential(agent, _block(calls), messages, "task")
 
     assert [cid for kind, cid in bench.events if kind == "run"] == ["k1", "k2"]
-    assert _results(messages) == [("k1", "result of k1"), ("k2", executor.CANCELLED_RESULT),
-                                  ("k3", executor.CANCELLED_RESULT)]
-    assert [(m["tool_call_id"], m["content"]) for m in durable(SID) if m["role"] == "tool"] == _results(messages)
+    # k2's intent was committed and it was running: its effect may have happened, so it is
+    # never called cancelled. k3 never started (no intent): cancelled is the truth.
+    assert _results(messages) == [("k1", "result of k1"), ("k2", UNKNOWN_OUTCOME), ("k3", executor.CANCELLED_RESULT)]
+    assert _stored_results(durable) == _results(messages)
+    assert sorted(d["tool_call_id"] for d in db.get_dispatches(SID)) == ["k1", "k2"]
+    assert [cid for kind, cid in bench.events if kind == "shown"] == ["k1"]
 
 
-def test_concurrent_interrupt_cancels_every_remaining_call(agent: AIAgent, bench: Workbench, durable) -> None:
-    calls = [_call("j1", PARALLEL), _call("j2", PARALLEL, interrupt=True), _call("j3", PARALLEL)]
+def test_sequential_interrupt_after_the_tool_returned_is_still_unknown(agent: AIAgent, bench: Workbench,
+                                                                       recorder, durable) -> None:
+    """Interrupted between the tool's return and its result's flush: the result never reached the
+    transcript, so whether the effect happened is not something this process can vouch for."""
+    calls = [_call("a1", SERIAL), _call("a2", SERIAL)]
+    messages = _open_batch(agent, bench, calls)
+
+    def interrupt(ctx: dict[str, Any]) -> None:
+        if ctx["tool_call_id"] == "a1":
+            raise KeyboardInterrupt
+
+    recorder.on("tool.dispatch.after", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        executor.execute_tool_calls_sequential(agent, _block(calls), messages, "task")
+
+    assert _results(messages) == [("a1", UNKNOWN_OUTCOME), ("a2", executor.CANCELLED_RESULT)]
+    assert _stored_results(durable) == _results(messages)
+    assert [cid for kind, cid in bench.events if kind == "run"] == ["a1"]
+
+
+def test_concurrent_interrupt_in_a_tool_answers_each_call_by_what_happened(agent: AIAgent, bench: Workbench,
+                                                                           pools, durable) -> None:
+    # j2 raises only once j3 is running, so j3 is certainly started and still running.
+    calls = [_call("j1", PARALLEL), _call("j2", PARALLEL, wait="j3 running", interrupt=True),
+             _call("j3", PARALLEL, signal="j3 running", wait="release")]
     messages = _open_batch(agent, bench, calls)
 
     with pytest.raises(KeyboardInterrupt):
         executor.execute_tool_calls_concurrent(agent, _block(calls), messages, "task")
 
-    assert _results(messages) == [("j1", "result of j1"), ("j2", executor.CANCELLED_RESULT),
-                                  ("j3", executor.CANCELLED_RESULT)]
-    assert [(m["tool_call_id"], m["content"]) for m in durable(SID) if m["role"] == "tool"] == _results(messages)
+    assert _results(messages) == [("j1", "result of j1"), ("j2", UNKNOWN_OUTCOME), ("j3", UNKNOWN_OUTCOME)]
+    assert _stored_results(durable) == _results(messages)
     assert [cid for kind, cid in bench.events if kind == "shown"] == ["j1"]
+    # The executor did not wait for j3: it is still running now, and finishes on its own.
+    assert ("done", "j3") not in bench.events
+    bench.gate("release").set()
+    pools[0].shutdown(wait=True)
+    assert ("done", "j3") in bench.events
+
+
+def test_concurrent_interrupt_keeps_finished_results_and_never_says_cancelled_after_an_intent(
+        agent: AIAgent, bench: Workbench, recorder, pools, durable) -> None:
+    """Three pool threads. c1 and c3 finish at once; c2, c4 and c5 hold a thread each until released,
+    so c6 never gets a thread. The turn is interrupted as c1's result comes back, before it is saved."""
+    agent.max_concurrent_tools = 3
+    calls = [_call("c1", PARALLEL), _call("c2", PARALLEL, wait="release"), _call("c3", PARALLEL),
+             _call("c4", PARALLEL, signal="c4 running", wait="release"),
+             _call("c5", PARALLEL, signal="c5 running", wait="release"), _call("c6", PARALLEL)]
+    messages = _open_batch(agent, bench, calls)
+
+    def interrupt(ctx: dict[str, Any]) -> None:
+        if ctx["tool_call_id"] == "c1":
+            # c4 and c5 run on the threads c1 and c3 used, so both of those have finished.
+            assert bench.gate("c4 running").wait(timeout=30) and bench.gate("c5 running").wait(timeout=30)
+            raise KeyboardInterrupt
+
+    recorder.on("tool.dispatch.after", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        executor.execute_tool_calls_concurrent(agent, _block(calls), messages, "task")
+
+    assert _results(messages) == [("c1", "result of c1"), ("c2", UNKNOWN_OUTCOME), ("c3", "result of c3"),
+                                  ("c4", UNKNOWN_OUTCOME), ("c5", UNKNOWN_OUTCOME),
+                                  ("c6", UNKNOWN_OUTCOME)]
+    assert _stored_results(durable) == _results(messages)
+    assert [kind for kind, _ in bench.events if kind == "shown"] == []  # an interrupted turn shows nothing more
+    bench.gate("release").set()
+    pools[0].shutdown(wait=True)
+    # c6 was cancelled before any thread took it, so it never ran; its intent was committed, though, and
+    # only the ledger could prove that, so its result says the outcome is unknown, never "cancelled".
+    assert sorted(cid for kind, cid in bench.events if kind == "run") == ["c1", "c2", "c3", "c4", "c5"]
+
+
+def test_segmented_interrupt_cancels_the_segments_that_never_started(agent: AIAgent, bench: Workbench,
+                                                                     db: SessionDB, durable) -> None:
+    calls = [_call("m0", PARALLEL), _call("m1", SERIAL, interrupt=True), _call("m2", PARALLEL),
+             _call("m3", SERIAL)]
+    messages = _open_batch(agent, bench, calls)
+
+    with pytest.raises(KeyboardInterrupt):
+        executor.execute_tool_calls_segmented(agent, _block(calls), messages, "task")
+
+    assert _results(messages) == [("m0", "result of m0"), ("m1", UNKNOWN_OUTCOME),
+                                  ("m2", executor.CANCELLED_RESULT), ("m3", executor.CANCELLED_RESULT)]
+    assert _stored_results(durable) == _results(messages)
+    assert sorted(d["tool_call_id"] for d in db.get_dispatches(SID)) == ["m0", "m1"]
 
 
 def test_null_arguments_run_the_tool_with_no_arguments(agent: AIAgent, bench: Workbench) -> None:

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from workerutil import read_durable, run_worker, worker_argv, worker_env
 
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import IDEMPOTENT, Tool, ToolContext, registry
 from supervisor.checker import NO_DUPLICATE_ROWS, WELL_FORMED, check_structure
 from supervisor.modelserver import Reply, ScriptedModelServer, ToolCallSpec, turn_script
-from workerutil import read_durable, run_worker, worker_argv, worker_env
 
 SID = "model-faults"
 TOOLSET = "model_fault_tests"

@@ -17,6 +17,7 @@ from supervisor.modelserver import (
     ScriptedModelServer,
     ToolCallSpec,
     turn_script,
+    turn_start,
 )
 
 WEATHER_CALL = ToolCallSpec(name="get_weather", arguments={"city": "Oslo", "unit": "celsius"})
@@ -194,6 +195,105 @@ def test_same_request_same_reply(server: ScriptedModelServer) -> None:
     d = client.chat.completions.create(model="test-model", messages=user("two tools"))
     assert d.id != a.id
     assert d.choices[0].message.tool_calls[0].id != a.choices[0].message.tool_calls[0].id  # type: ignore[index]
+
+
+def _call_ids(client: openai.OpenAI, messages: list[dict]) -> list[str]:
+    reply = client.chat.completions.create(model="test-model", messages=messages, tools=TOOLS)
+    return [t.id for t in reply.choices[0].message.tool_calls or []]
+
+
+def _weather_turn(call_id: str) -> list[dict]:
+    """One finished "weather?" turn: the question, the tool call, its result, the answer."""
+    return [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "get_weather",
+                                                              "arguments": WEATHER_CALL.arguments_json()}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": '{"temp": 3}'},
+        {"role": "assistant", "content": "It is 3 degrees in Oslo."},
+    ]
+
+
+def test_the_same_message_in_a_new_turn_gets_new_call_ids(server: ScriptedModelServer) -> None:
+    client = make_client(server)
+    system = [{"role": "system", "content": "You are a test."}]
+    (first,) = _call_ids(client, system + [{"role": "user", "content": "weather?"}])
+    # Asked again after the first turn's answer: a new turn, so its rows can never pass for the old one's.
+    (second,) = _call_ids(client, system + _weather_turn(first) + [{"role": "user", "content": "weather?"}])
+    assert second != first
+    # And a third time, after the second answer: new again.
+    (third,) = _call_ids(client, system + _weather_turn(first) + _weather_turn(second)
+                         + [{"role": "user", "content": "weather?"}])
+    assert third not in (first, second)
+
+
+def test_a_re_sent_interrupted_message_keeps_its_call_ids(server: ScriptedModelServer) -> None:
+    client = make_client(server)
+    earlier = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hi."}]
+    (original,) = _call_ids(client, earlier + [{"role": "user", "content": "weather?"}])
+    interrupted = _weather_turn(original)[:2]  # the call was made, no result, no answer
+    # A client that re-sends the interrupted message (upstream hermes-agent does on resume)
+    # is still in the same turn: reply 0 of it is the same reply, with the same ids.
+    resent = earlier + interrupted + [{"role": "user", "content": "weather?"}]
+    assert _call_ids(client, resent) == [original]
+    # Also when the interrupted call did get its result before the re-send.
+    resent_after_result = earlier + _weather_turn(original)[:3] + [{"role": "user", "content": "weather?"}]
+    assert _call_ids(client, resent_after_result) == [original]
+    # A different message in between ends that turn: the re-sent text starts a new one.
+    other = earlier + interrupted + [{"role": "user", "content": "hello"}, {"role": "user", "content": "weather?"}]
+    assert _call_ids(client, other) != [original]
+
+
+def test_the_same_prefix_gets_the_same_call_ids(server: ScriptedModelServer) -> None:
+    prefix = [{"role": "system", "content": "You are a test."}] + _weather_turn("call_from_turn_one")
+    request = prefix + [{"role": "user", "content": "weather?"}]
+    ids = _call_ids(make_client(server), request)
+    # Another server, another client: ids are a pure function of the request.
+    with ScriptedModelServer(SCRIPT, model="test-model") as other:
+        assert _call_ids(make_client(other), request) == ids
+    # A resumed client re-sends the same durable prefix, perhaps spelled differently in what
+    # the conversation does not say (a tool row's name, a call's type, no system prompt).
+    respelled = [dict(m) for m in prefix[1:]]
+    respelled[2]["name"] = "get_weather"
+    respelled[1]["tool_calls"] = [{k: v for k, v in c.items() if k != "type"} for c in respelled[1]["tool_calls"]]
+    assert _call_ids(make_client(server), respelled + [{"role": "user", "content": "weather?"}]) == ids
+    # A prefix that says something else is another conversation.
+    changed = [dict(m) for m in prefix]
+    changed[3]["content"] = '{"temp": 4}'
+    assert _call_ids(make_client(server), changed + [{"role": "user", "content": "weather?"}]) != ids
+
+
+def test_later_replies_of_a_turn_get_their_own_ids() -> None:
+    script = turn_script({"twice": [Reply(tool_calls=(WEATHER_CALL, WEATHER_CALL)),
+                                    Reply(tool_calls=(WEATHER_CALL,)), Reply(content="done")]})
+    with ScriptedModelServer(script, model="test-model") as srv:
+        client = make_client(srv)
+        messages = [{"role": "user", "content": "twice"}]
+        first = _call_ids(client, messages)
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}} for i in first]}]
+        messages += [{"role": "tool", "tool_call_id": i, "content": "ok"} for i in first]
+        second = _call_ids(client, messages)
+    assert len(set(first + second)) == 3
+
+
+def test_turn_start() -> None:
+    def user(text: str) -> dict:
+        return {"role": "user", "content": text}
+
+    calls = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": "f"}}]}
+    result = {"role": "tool", "tool_call_id": "c", "content": "r"}
+    answer = {"role": "assistant", "content": "done"}
+    system = {"role": "system", "content": "s"}
+    assert turn_start([]) is None and turn_start([system]) is None
+    assert turn_start([system, user("a")]) == 1
+    assert turn_start([user("a"), answer, user("a")]) == 2
+    assert turn_start([user("a"), calls, result, user("a")]) == 0
+    assert turn_start([user("a"), calls, user("a"), calls, result]) == 0
+    assert turn_start([user("b"), user("a"), calls, user("a")]) == 1
+    assert turn_start([user("a"), answer, user("a"), calls, user("a")]) == 2
+    # Multimodal content counts by its text.
+    assert turn_start([{"role": "user", "content": [{"type": "text", "text": "a"}]}, calls, user("a")]) == 0
 
 
 def test_http429_retry_after_then_success(server: ScriptedModelServer) -> None:

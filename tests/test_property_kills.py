@@ -32,9 +32,10 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, note, settings
-from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from workerutil import Finished, run_worker, worker_argv, worker_env
 
 from hermes.compaction import SUMMARY_PROMPT
 from hermes.probes import POINTS
@@ -43,7 +44,6 @@ from hermes.tools import AT_MOST_ONCE
 from supervisor.checker import check_structure, effect_semantics
 from supervisor.modelserver import Reply, ScriptedModelServer, ToolCallSpec, last_user_text, reply_index
 from worker.ledger import Ledger
-from workerutil import Finished, run_worker, worker_argv, worker_env
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 

@@ -24,13 +24,13 @@ from typing import Any
 
 import psutil
 import pytest
+from workerutil import CHORES, REPO, SCRIPT, WorkerProcess, worker_argv, worker_env
 
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import IDEMPOTENT, Tool, registry
 from supervisor.checker import check_structure
 from supervisor.modelserver import Reply, ScriptedModelServer, ToolCallSpec, turn_script
-from workerutil import CHORES, REPO, SCRIPT, WorkerProcess, worker_argv, worker_env
 
 
 # ---------------------------------------------------------------- the chaos CLI: modes and secrets

@@ -44,6 +44,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from workerutil import (
+    CHORE_CALLS,
+    CHORES,
+    CHORES_ANSWER,
+    INTERIM,
+    WorkerProcess,
+    read_durable,
+    run_worker,
+    transcript_violations,
+    worker_argv,
+    worker_env,
+)
+from workerutil import SCRIPT as WORKER_SCRIPT
 
 from hermes.resume import resume_interrupted_turn
 from hermes.runner import AIAgent
@@ -52,8 +65,6 @@ from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, Tool, ToolContext, registry
 from supervisor import storage_faults
 from supervisor.checker import check_structure
 from supervisor.modelserver import Reply, ToolCallSpec, turn_script
-from workerutil import (CHORE_CALLS, CHORES, CHORES_ANSWER, INTERIM, SCRIPT as WORKER_SCRIPT, WorkerProcess,
-                        read_durable, run_worker, transcript_violations, worker_argv, worker_env)
 
 SID = "storage-faults"
 TOOLSET = "storage_fault_tests"

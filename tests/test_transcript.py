@@ -5,8 +5,7 @@ import copy
 from types import SimpleNamespace
 from typing import Any
 
-from hermes.transcript import (INTERRUPTED_RESULT, make_tool_result_message, normalize_tool_calls,
-                               sanitize_api_messages)
+from hermes.transcript import INTERRUPTED_RESULT, make_tool_result_message, normalize_tool_calls, sanitize_api_messages
 
 
 def _call(call_id: str, name: str = "search", arguments: str = "{}") -> dict[str, Any]:

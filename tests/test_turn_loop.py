@@ -177,7 +177,9 @@ def test_streaming_produces_the_same_transcript(make_agent, bench: Bench, durabl
     make_agent("plain-session").run_conversation("run the three tools")
     deltas: list[str] = []
     interim_flags: list[bool] = []
+    ends: list[tuple[str, str | None]] = []
     streaming = make_agent("stream-session", stream=True, stream_delta_callback=deltas.append,
+                           stream_end_callback=lambda outcome, text: ends.append((outcome, text)),
                            interim_assistant_callback=lambda _t, already_streamed=False:
                            interim_flags.append(already_streamed))
 
@@ -188,6 +190,7 @@ def test_streaming_produces_the_same_transcript(make_agent, bench: Bench, durabl
     assert "".join(deltas) == "Running three tools now.All three tools reported back."
     assert len(deltas) > 4  # chunk_chars=7: it really arrived in pieces
     assert interim_flags == [True]
+    assert ends == [("commit", "Running three tools now."), ("commit", "All three tools reported back.")]
     assert len(bench.ran) == 6
 
 
@@ -329,10 +332,13 @@ def test_empty_choices_fails_the_turn_and_keeps_the_transcript_well_formed(make_
 
 def test_truncated_stream_is_not_an_answer(make_agent, durable) -> None:
     partial: list[str] = []
-    agent = make_agent(stream=True, stream_delta_callback=partial.append)
+    ends: list[tuple[str, str | None]] = []
+    agent = make_agent(stream=True, stream_delta_callback=partial.append,
+                       stream_end_callback=lambda outcome, text: ends.append((outcome, text)))
     result = agent.run_conversation("cut me off")
 
     assert partial, "some of the stream should have arrived before the cut"
+    assert ends == [("retract", None)]  # what was shown of the cut reply is void
     assert result["failed"] is True and result["completed"] is False
     assert result["failure_reason"] == "model_error:truncated_stream"
     assert result["final_response"] is None

@@ -8,12 +8,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from workerutil import (
+    CHORE_CALLS,
+    CHORES,
+    CHORES_ANSWER,
+    INTERIM,
+    SCRIPT,
+    WorkerProcess,
+    WriteLock,
+    effect_is_durable,
+    frame_kind,
+    projection_is_durable,
+    read_durable,
+    run_worker,
+    transcript_violations,
+    worker_argv,
+    worker_env,
+)
 
 from hermes.state import SessionDB
 from supervisor.modelserver import ScriptedModelServer
-from workerutil import (CHORE_CALLS, CHORES, CHORES_ANSWER, INTERIM, SCRIPT, WorkerProcess, WriteLock,
-                        effect_is_durable, frame_kind, projection_is_durable, read_durable, run_worker, transcript_violations,
-                        worker_argv, worker_env)
 
 UNUSED_URL = "http://127.0.0.1:9/v1"  # argument errors are found before any model call
 

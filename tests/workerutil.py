@@ -335,14 +335,27 @@ def transcript_violations(state: Durable) -> list[str]:
 
 
 def projection_is_durable(state: Durable, event: dict[str, Any]) -> bool:
-    """Whether a UI projection (`ui` frame or logged event) is backed by a durable row."""
-    if event["kind"] == "interim":
-        return any(r["role"] == "assistant" and r["tool_calls"] and r["content"] == event["text"]
+    """Whether a UI projection (`ui` frame or logged event) is backed by a durable row of its turn.
+
+    A frame carries the text shown; a logged event only its length (text never reaches a log).
+    Streamed deltas and retractions are provisional by contract: nothing durable backs them.
+    """
+    kind = event["kind"]
+    if kind == "stream" or (kind == "stream_end" and event.get("outcome") == "retract"):
+        return True
+
+    def shows(content: Any) -> bool:
+        if "text" in event or "content" in event:
+            return content == event.get("content" if kind == "tool_complete" else "text")
+        return isinstance(content, str) and len(content) == event["chars"]
+
+    if kind in ("interim", "stream_end"):
+        return any(r["role"] == "assistant" and (r["tool_calls"] or kind == "stream_end") and shows(r["content"])
                    and r["turn_id"] == event["turn"] for r in state.rows)
-    if event["kind"] == "tool_complete":
-        return any(r["role"] == "tool" and r["tool_call_id"] == event["tool_call_id"]
-                   and r["content"] == event["content"] for r in state.rows)
-    raise AssertionError(f"unexpected UI projection kind {event['kind']!r}")
+    if kind == "tool_complete":
+        return any(r["role"] == "tool" and r["tool_call_id"] == event["tool_call_id"] and shows(r["content"])
+                   and r["turn_id"] == event["turn"] for r in state.rows)
+    raise AssertionError(f"unexpected UI projection kind {kind!r}")
 
 
 def effect_is_durable(state: Durable, event: dict[str, Any]) -> bool:

@@ -9,6 +9,10 @@ They cover each effect policy a recovery must respect:
     broken_tool    always raises                       (idempotent: it has no effect)
     restart_agent  kills its own process mid-batch, like a destructive tool that restarts
                    the agent (at_most_once: recovery must record it unknown, never loop on it)
+
+`clean_results(tool, arguments)` is the oracle a checker asks what a tool's result may
+say when the tool ran cleanly. The tools build their results through the same
+`_*_text` helpers the oracle uses, so each result's shape has one home.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import signal
 import time
 from typing import Any, Callable
 
-from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, Tool, ToolContext, registry
+from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, Tool, ToolContext, registry, tool_error, tool_failure_message
 from worker.ledger import Ledger
 
 TOOLSET = "chaos"
@@ -27,7 +31,64 @@ TOOLSET = "chaos"
 # its supervisor, which checks at that instant that the request for it is durable.
 EffectReporter = Callable[[dict[str, Any]], None]
 
+BROKEN_TOOL_DEFAULT_REASON = "this tool always fails"
 
+
+# ------------------------------------------------------------- result shapes
+def _arg(arguments: dict[str, Any], name: str, default: str = "") -> str:
+    return str(arguments.get(name, default))
+
+
+def _json(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, ensure_ascii=False)
+
+
+def _lookup_text(arguments: dict[str, Any]) -> str:
+    key = _arg(arguments, "key")
+    return _json({"key": key, "value": f"value-of-{key}"})
+
+
+def _slow_lookup_text(arguments: dict[str, Any]) -> str:
+    key = _arg(arguments, "key")
+    return _json({"key": key, "value": f"slow-value-of-{key}"})
+
+
+def _set_value_text(arguments: dict[str, Any], applied_now: bool) -> str:
+    return _json({"key": _arg(arguments, "key"), "stored": True, "applied_now": applied_now})
+
+
+def _append_note_text(arguments: dict[str, Any]) -> str:
+    return _json({"appended": _arg(arguments, "text")})
+
+
+def _broken_tool_error(arguments: dict[str, Any]) -> RuntimeError:
+    return RuntimeError(_arg(arguments, "reason", BROKEN_TOOL_DEFAULT_REASON))
+
+
+def clean_results(tool: str, arguments: dict[str, Any]) -> frozenset[str] | None:
+    """Every result text `tool` returns for `arguments` when it runs cleanly; None if it is no chaos tool.
+
+    Results a recovery or an interrupt writes in a tool's place (outcome unknown, cancelled)
+    are not clean results of the tool and are not in these sets.
+    """
+    if tool == "lookup":
+        return frozenset({_lookup_text(arguments)})
+    if tool == "slow_lookup":
+        return frozenset({_slow_lookup_text(arguments)})
+    if tool == "set_value":
+        # A rerun under an idempotency key that already applied stores nothing new: both are clean.
+        return frozenset({_set_value_text(arguments, True), _set_value_text(arguments, False)})
+    if tool == "append_note":
+        return frozenset({_append_note_text(arguments)})
+    if tool == "broken_tool":
+        # Its clean run is its failure, as the dispatcher reports a tool's exception.
+        return frozenset({tool_error(tool_failure_message("broken_tool", _broken_tool_error(arguments)))})
+    if tool == "restart_agent":
+        return frozenset()  # it SIGKILLs its own process: a clean run never returns a result
+    return None
+
+
+# --------------------------------------------------------------- the tools
 def install(ledger: Ledger, report_effect: EffectReporter | None = None) -> None:
     """Register the chaos tools, bound to `ledger`, in the runtime's tool registry."""
 
@@ -41,28 +102,26 @@ def install(ledger: Ledger, report_effect: EffectReporter | None = None) -> None
 
     def lookup(args: dict[str, Any], ctx: ToolContext) -> str:
         executed("lookup", IDEMPOTENT, ctx)
-        key = str(args.get("key", ""))
-        return json.dumps({"key": key, "value": f"value-of-{key}"}, ensure_ascii=False)
+        return _lookup_text(args)
 
     def slow_lookup(args: dict[str, Any], ctx: ToolContext) -> str:
         executed("slow_lookup", IDEMPOTENT, ctx)
         time.sleep(min(float(args.get("seconds", 0.2)), 5.0))
-        key = str(args.get("key", ""))
-        return json.dumps({"key": key, "value": f"slow-value-of-{key}"}, ensure_ascii=False)
+        return _slow_lookup_text(args)
 
     def set_value(args: dict[str, Any], ctx: ToolContext) -> str:
         executed("set_value", IDEMPOTENT, ctx)
-        key, value = str(args.get("key", "")), str(args.get("value", ""))
-        applied = ledger.apply_once(ctx.idempotency_key or f"{ctx.tool_call_id}", key, value)
-        return json.dumps({"key": key, "stored": True, "applied_now": applied}, ensure_ascii=False)
+        applied = ledger.apply_once(ctx.idempotency_key or f"{ctx.tool_call_id}", _arg(args, "key"),
+                                    _arg(args, "value"))
+        return _set_value_text(args, applied)
 
     def append_note(args: dict[str, Any], ctx: ToolContext) -> str:
         executed("append_note", AT_MOST_ONCE, ctx)
-        return json.dumps({"appended": str(args.get("text", ""))}, ensure_ascii=False)
+        return _append_note_text(args)
 
     def broken_tool(args: dict[str, Any], ctx: ToolContext) -> str:
         executed("broken_tool", IDEMPOTENT, ctx)
-        raise RuntimeError(str(args.get("reason", "this tool always fails")))
+        raise _broken_tool_error(args)
 
     def restart_agent(args: dict[str, Any], ctx: ToolContext) -> str:
         executed("restart_agent", AT_MOST_ONCE, ctx)

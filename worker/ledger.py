@@ -4,16 +4,28 @@ It is the ground truth a checker counts: how often a tool really ran for one too
 call, under which idempotency key, in which process. Each record is its own
 fsynced transaction, committed before the tool's effect is reported, so a kill
 right after cannot lose it.
+
+One `Ledger` is shared by every tool thread of a worker (a concurrent batch runs its
+tools on a pool), and several worker processes may write one ledger file at once (a
+paused worker and its replacement). So every use of the connection is serialised by a
+lock, and a write that finds another process holding the file's write lock is retried
+on a time budget rather than lost.
 """
 from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-from hermes.state import connect_readonly
+from hermes import state
+from hermes.state import retry_on_busy
+
+_T = TypeVar("_T")
+
+DEFAULT_BUSY_BUDGET_S = 30.0
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS executions (
@@ -39,32 +51,58 @@ _SCHEMA = (
 
 
 class Ledger:
-    def __init__(self, path: Path | str, *, incarnation: int = 0, readonly: bool = False) -> None:
+    def __init__(self, path: Path | str, *, incarnation: int = 0, readonly: bool = False,
+                 busy_budget_s: float = DEFAULT_BUSY_BUDGET_S) -> None:
         self.path = Path(path)
         self.incarnation = incarnation
+        self.readonly = readonly
+        self.busy_budget_s = busy_budget_s
+        # Reentrant so a write's retry loop and the schema check inside __init__ can nest.
+        self._lock = threading.RLock()
         if readonly:
-            self._conn = connect_readonly(self.path)
-        else:
-            if not self.path.exists():
-                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                         timeout=10.0)
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = FULL")
-            present = self._conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('executions', 'kv')").fetchone()[0]
-            if present < 2:  # a new ledger (or one left half-made): create what is missing, in one transaction
-                self._write(lambda c: [c.execute(s) for s in _SCHEMA])
+            # A checker must never change the evidence it judges: no file is created, and the
+            # original is never opened read-write (not even to recover a killed writer's WAL).
+            # A missing or unreadable file raises a sqlite3.DatabaseError (ReadOnlyOpenError).
+            self._conn = state.open_snapshot(self.path)
+            return
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        # SQLite's own busy handler waits only briefly; the retry loop below owns the budget, so
+        # kinds of SQLITE_BUSY that the handler never waits on are retried too.
+        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                     timeout=min(1.0, busy_budget_s))
+        self._retry_busy(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone())
+        self._conn.execute("PRAGMA synchronous = FULL")
+        present = self._retry_busy(lambda: self._conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('executions', 'kv')"
+        ).fetchone()[0])
+        if present < 2:  # a new ledger (or one left half-made): create what is missing, in one transaction
+            self._write(lambda c: [c.execute(s) for s in _SCHEMA])
 
-    def _write(self, fn: Any) -> Any:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = fn(self._conn)
-            self._conn.execute("COMMIT")
-            return result
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
+    def _retry_busy(self, fn: Callable[[], _T]) -> _T:
+        """Run `fn` under the lock, retrying on SQLITE_BUSY until the ledger's busy budget is spent."""
+        with self._lock:
+            return retry_on_busy(fn, budget_s=self.busy_budget_s, max_delay_s=0.1)
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `fn` in one BEGIN IMMEDIATE transaction, committed (and fsynced) before returning."""
+        if self.readonly:
+            raise sqlite3.OperationalError("attempt to write a readonly database (this ledger was opened read-only)")
+
+        def attempt() -> _T:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(self._conn)
+                self._conn.execute("COMMIT")
+                return result
+            except BaseException:
+                # A COMMIT refused as busy leaves the transaction open: undo it so the retry
+                # starts clean and redoes the whole write.
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+        return self._retry_busy(attempt)
 
     def record_execution(self, *, session_id: str | None, turn_id: str | None, tool_call_id: str | None,
                          tool: str, policy: str, idempotency_key: str | None) -> None:
@@ -84,9 +122,14 @@ class Ledger:
         sql, params = "SELECT * FROM executions", ()
         if session_id is not None:
             sql, params = sql + " WHERE session_id = ?", (session_id,)
-        cursor = self._conn.execute(sql + " ORDER BY id", params)
-        names = [d[0] for d in cursor.description]
-        return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+        def read() -> list[dict[str, Any]]:
+            cursor = self._conn.execute(sql + " ORDER BY id", params)
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+        return self._retry_busy(read)
 
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:
+            self._conn.close()

@@ -252,7 +252,11 @@ def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink |
         if link is not None:
             link.request(event)  # returns once the supervisor has checked it against the database
         else:
-            log.info("ui %s", json.dumps(event, ensure_ascii=False))
+            # Message and tool text never reach a log: only what was shown, for which turn, how long.
+            shown = fields.get("text") if kind != "tool_complete" else fields.get("content")
+            ids = {k: fields[k] for k in ("tool_call_id", "outcome") if k in fields}
+            log.info("ui %s", json.dumps({"kind": kind, "turn": event["turn"], **ids,
+                                          "chars": len(shown) if isinstance(shown, str) else 0}))
 
     try:
         agent = AIAgent(api_key=args.api_key, base_url=args.base_url, model=args.model, session_db=db,
@@ -262,6 +266,10 @@ def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink |
                             "interim", text=text),
                         tool_complete_callback=lambda call_id, name, _args, content: project(
                             "tool_complete", tool_call_id=call_id, tool=name, content=content),
+                        stream_delta_callback=(lambda delta: project("stream", text=delta)) if args.stream else None,
+                        # Always wired, streaming or not: resuming a turn retracts what a killed
+                        # predecessor may have streamed, and the supervisor must hear it.
+                        stream_end_callback=lambda outcome, text: project("stream_end", outcome=outcome, text=text),
                         http_client=http_client(args.base_url, args.timeout))
     except ValueError as exc:  # e.g. an unknown toolset
         raise UsageError(str(exc)) from None
