@@ -24,7 +24,7 @@ def compact_if_needed(agent: "AIAgent", max_active_rows: int) -> bool:
     Call it between turns only: the rows of the newest turn are kept as clones, so
     its structure stays intact, and everything before it becomes one summary row.
     """
-    db = agent._session_db
+    db = agent.session_db
     if db is None or max_active_rows <= 0:
         return False
     messages = db.load_live_messages(agent.session_id)

@@ -17,14 +17,15 @@ real result. The only calls with a committed intent that are answered "cancelled
 concurrent ones whose future was cancelled before a pool thread picked it up (or was
 never submitted): those provably never ran.
 
-Dispatch goes through ``agent._dispatch_tool`` (sequential) and ``agent._invoke_tool``
-(concurrent); ``maybe_persist_tool_result`` is looked up in this module at call time.
+The executors work on the agent's current turn (``agent.turn``, a ``hermes.turn.Turn``):
+it records the dispatch intents, dispatches (on the calling thread for the sequential path,
+through ``agent._invoke_tool`` on a pool thread for the concurrent one), flushes and shows.
+``maybe_persist_tool_result`` is looked up in this module at call time.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -32,31 +33,19 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hermes import probes
+from hermes.private_files import make_private_dirs, write_private
 from hermes.resume import UNKNOWN_OUTCOME
-from hermes.tools import tool_error, tool_failure_message
+from hermes.tools import registry, tool_error, tool_failure_message
 from hermes.transcript import make_tool_result_message, normalize_tool_calls
 
 if TYPE_CHECKING:
     from hermes.runner import AIAgent
+    from hermes.turn import Turn
 
 SPILL_THRESHOLD_CHARS = 100_000
 SPILL_PREVIEW_CHARS = 4_000
 # Only for a call that never started: one that may have run is answered UNKNOWN_OUTCOME.
 CANCELLED_RESULT = "[cancelled: the turn was interrupted before this tool call finished]"
-
-
-def _make_private_dirs(path: Path) -> None:
-    """Create `path` and each missing parent as 0700 (`mkdir(parents=True)` would give parents the
-    default mode, and under a loose umask the home directory would be left open to everyone)."""
-    missing = []
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    for folder in reversed(missing):
-        try:
-            folder.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
 
 
 def maybe_persist_tool_result(*, content: str, tool_name: str, tool_call_id: str,
@@ -78,12 +67,8 @@ def maybe_persist_tool_result(*, content: str, tool_name: str, tool_call_id: str
     path = Path(spill_dir) / f"{stem}-{digest}.txt"
     preview = content[:SPILL_PREVIEW_CHARS]
     try:
-        _make_private_dirs(Path(spill_dir))
-        fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as fh:
-            fh.write(content)
-            fh.flush()
-            os.fsync(fh.fileno())
+        make_private_dirs(spill_dir)
+        write_private(path, content, errors="surrogatepass", fsync=True)
     except OSError as exc:
         return (f"{preview}\n\n[output of {tool_name} was {len(content)} characters; only this preview "
                 f"was kept because saving the rest failed: {exc}]")
@@ -117,18 +102,18 @@ def _prepare(agent: "AIAgent", call: dict[str, Any]) -> tuple[dict[str, Any] | N
     return _parse_arguments(call)
 
 
-def _finish_call(agent: "AIAgent", call: dict[str, Any], args: dict[str, Any] | None,
+def _finish_call(turn: "Turn", call: dict[str, Any], args: dict[str, Any] | None,
                  raw_result: Any, messages: list[dict[str, Any]]) -> bool:
     """Append, flush, then project one tool result. False when the flush failed (batch must stop)."""
     name, call_id = call["function"]["name"], call["id"]
     content = maybe_persist_tool_result(content=raw_result, tool_name=name, tool_call_id=call_id,
-                                        spill_dir=agent._spill_dir())
+                                        spill_dir=turn.spill_dir())
     message = make_tool_result_message(name, content, call_id)
-    message["_turn_id"] = agent._current_turn_id
+    message["_turn_id"] = turn.id
     messages.append(message)
-    if not agent._flush_incremental(messages):
+    if not turn.flush(messages):
         return False
-    agent._project_tool_complete(call_id, name, args, content)
+    turn.show_tool_complete(call_id, name, args, content)
     return True
 
 
@@ -137,7 +122,7 @@ def _answered_since(messages: list[dict[str, Any]], start: int) -> set[str]:
     return {m.get("tool_call_id") for m in messages[start:] if m.get("role") == "tool"}
 
 
-def _answer_interrupted(agent: "AIAgent", answers: list[tuple[dict[str, Any], str]],
+def _answer_interrupted(turn: "Turn", answers: list[tuple[dict[str, Any], str]],
                         messages: list[dict[str, Any]]) -> None:
     """Append one result per (call, content), in the order given, then save them in one flush.
 
@@ -149,15 +134,16 @@ def _answer_interrupted(agent: "AIAgent", answers: list[tuple[dict[str, Any], st
         name, call_id = call["function"]["name"], call["id"]
         if content not in (UNKNOWN_OUTCOME, CANCELLED_RESULT):
             content = maybe_persist_tool_result(content=content, tool_name=name, tool_call_id=call_id,
-                                                spill_dir=agent._spill_dir())
+                                                spill_dir=turn.spill_dir())
         message = make_tool_result_message(name, content, call_id)
-        message["_turn_id"] = agent._current_turn_id
+        message["_turn_id"] = turn.id
         messages.append(message)
-    agent._flush_incremental(messages)
+    turn.flush(messages)
 
 
 def execute_tool_calls_sequential(agent: "AIAgent", assistant_message: Any,
                                   messages: list[dict[str, Any]], task_id: str | None) -> None:
+    turn = agent.turn
     calls = normalize_tool_calls(getattr(assistant_message, "tool_calls", None))
     start = len(messages)
     # Calls whose intent may be committed: from the moment recording starts, since an interrupt
@@ -165,23 +151,23 @@ def execute_tool_calls_sequential(agent: "AIAgent", assistant_message: Any,
     intended: set[str] = set()
     try:
         for call in calls:
-            if agent._incremental_persistence_failed:
+            if turn.persistence_failed:
                 return
             args, error = _prepare(agent, call)
             if error is not None:
-                if not _finish_call(agent, call, None, error, messages):
+                if not _finish_call(turn, call, None, error, messages):
                     return
                 continue
             intended.add(call["id"])
-            if not agent._record_dispatch_intents([call]):
+            if not turn.record_intents([call]):
                 return
-            result = agent._dispatch_tool(call, args, task_id)
-            if not _finish_call(agent, call, args, result, messages):
+            result = turn.dispatch(call, args, task_id)
+            if not _finish_call(turn, call, args, result, messages):
                 return
     except KeyboardInterrupt:
         answered = _answered_since(messages, start)
         # The interrupted call may have had its effect; the calls after it never started.
-        _answer_interrupted(agent, [(call, UNKNOWN_OUTCOME if call["id"] in intended else CANCELLED_RESULT)
+        _answer_interrupted(turn, [(call, UNKNOWN_OUTCOME if call["id"] in intended else CANCELLED_RESULT)
                                     for call in calls if call["id"] not in answered], messages)
         raise
 
@@ -211,8 +197,9 @@ def _interrupted_answer(call: dict[str, Any], error: str | None, future: Future[
 
 def execute_tool_calls_concurrent(agent: "AIAgent", assistant_message: Any,
                                   messages: list[dict[str, Any]], task_id: str | None) -> None:
+    turn = agent.turn
     calls = normalize_tool_calls(getattr(assistant_message, "tool_calls", None))
-    if not calls or agent._incremental_persistence_failed:
+    if not calls or turn.persistence_failed:
         return
     prepared = [_prepare(agent, call) for call in calls]
     runnable = [call for call, (_, error) in zip(calls, prepared) if error is None]
@@ -220,15 +207,14 @@ def execute_tool_calls_concurrent(agent: "AIAgent", assistant_message: Any,
     futures: dict[int, Future[Any]] = {}
     start = len(messages)
     try:
-        if runnable and not agent._record_dispatch_intents(runnable):
+        if runnable and not turn.record_intents(runnable):
             return
         pool = ThreadPoolExecutor(max_workers=max(1, min(len(runnable), agent.max_concurrent_tools)),
                                   thread_name_prefix="hermes-tool")
         for index, (call, (args, error)) in enumerate(zip(calls, prepared)):
             if error is None:
-                probes.fire("tool.dispatch.before", **agent._probe_ids(tool_call_id=call["id"]))
-                futures[index] = pool.submit(agent._invoke_tool, call["function"]["name"], args,
-                                             task_id, call["id"])
+                probes.fire("tool.dispatch.before", **turn.probe_ids(tool_call_id=call["id"]))
+                futures[index] = pool.submit(turn.invoke, call["function"]["name"], args, task_id, call["id"])
         for index, (call, (args, error)) in enumerate(zip(calls, prepared)):
             if error is not None:
                 result: Any = error
@@ -237,12 +223,12 @@ def execute_tool_calls_concurrent(agent: "AIAgent", assistant_message: Any,
                     result = futures[index].result()
                 except Exception as exc:
                     result = tool_error(tool_failure_message(call["function"]["name"], exc))
-                probes.fire("tool.dispatch.after", **agent._probe_ids(tool_call_id=call["id"]))
-            if not _finish_call(agent, call, args, result, messages):
+                probes.fire("tool.dispatch.after", **turn.probe_ids(tool_call_id=call["id"]))
+            if not _finish_call(turn, call, args, result, messages):
                 return
     except KeyboardInterrupt:
         answered = _answered_since(messages, start)
-        _answer_interrupted(agent, [(call, _interrupted_answer(call, error, futures.get(index)))
+        _answer_interrupted(turn, [(call, _interrupted_answer(call, error, futures.get(index)))
                                     for index, (call, (_, error)) in enumerate(zip(calls, prepared))
                                     if call["id"] not in answered], messages)
         raise
@@ -253,12 +239,12 @@ def execute_tool_calls_concurrent(agent: "AIAgent", assistant_message: Any,
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-def plan_segments(agent: "AIAgent", tool_calls: list[Any]) -> list[tuple[str, list[Any]]]:
+def plan_segments(tool_calls: list[Any]) -> list[tuple[str, list[Any]]]:
     """Split a batch into runs: consecutive parallel-safe calls run together, others one by one."""
     segments: list[tuple[str, list[Any]]] = []
     for raw in tool_calls:
         name = normalize_tool_calls([raw])[0]["function"]["name"]
-        kind = "parallel" if agent._is_parallel_safe(name) else "sequential"
+        kind = "parallel" if registry.parallel_safe(name) else "sequential"
         if segments and segments[-1][0] == kind:
             segments[-1][1].append(raw)
         else:
@@ -271,11 +257,12 @@ def execute_tool_calls_segmented(agent: "AIAgent", assistant_message: Any, messa
                                  segments: list[tuple[str, list[Any]]] | None = None) -> None:
     """Run each segment with its executor; stop at the first persistence failure."""
     if segments is None:
-        segments = plan_segments(agent, list(getattr(assistant_message, "tool_calls", None) or ()))
+        segments = plan_segments(list(getattr(assistant_message, "tool_calls", None) or ()))
+    turn = agent.turn
     start = len(messages)
     try:
         for kind, calls in segments:
-            if agent._incremental_persistence_failed:
+            if turn.persistence_failed:
                 return
             part = SimpleNamespace(content=getattr(assistant_message, "content", None), tool_calls=calls)
             if kind == "parallel":
@@ -285,7 +272,7 @@ def execute_tool_calls_segmented(agent: "AIAgent", assistant_message: Any, messa
     except KeyboardInterrupt:
         # The interrupted segment answered its own calls; later segments never started.
         answered = _answered_since(messages, start)
-        _answer_interrupted(agent, [(call, CANCELLED_RESULT)
+        _answer_interrupted(turn, [(call, CANCELLED_RESULT)
                                     for call in normalize_tool_calls([c for _, part in segments for c in part])
                                     if call["id"] not in answered], messages)
         raise

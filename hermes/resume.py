@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from hermes import probes
 from hermes.tools import IDEMPOTENT
-from hermes.transcript import make_tool_result_message
+from hermes.transcript import is_final_answer, make_tool_result_message, trailing_tool_block
 
 if TYPE_CHECKING:
     from hermes.runner import AIAgent
@@ -37,74 +37,57 @@ UNKNOWN_OUTCOME = json.dumps({
 })
 
 
-def _last_tool_block(messages: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, set[str]]:
-    """The newest assistant message with tool calls, if only tool results follow it, and their ids."""
-    answered: set[str] = set()
-    for msg in reversed(messages):
-        if msg.get("role") == "tool":
-            answered.add(msg.get("tool_call_id"))
-            continue
-        if msg.get("role") == "assistant" and msg.get("tool_calls"):
-            return msg, answered
-        break
-    return None, set()
-
-
-def _final_answer(messages: list[dict[str, Any]], turn_id: str) -> str | None:
-    last = messages[-1] if messages else None
-    if (last is not None and last.get("role") == "assistant" and not last.get("tool_calls")
-            and last.get("_turn_id") == turn_id and (last.get("content") or "").strip()):
-        return last["content"]
-    return None
-
-
 def resume_interrupted_turn(agent: "AIAgent", *, system_message: str | None = None,
                             task_id: str | None = None) -> dict[str, Any] | None:
     """Finish the session's interrupted turn; None when the session has none."""
-    db = agent._session_db
+    db = agent.session_db
     if db is None:
         raise ValueError("resuming needs a SessionDB: the interrupted turn is read from it")
     probes.fire("resume.begin", session=agent.session_id)
-    turn = db.running_turn(agent.session_id)
-    if turn is None:
+    record = db.running_turn(agent.session_id)
+    if record is None:
         return None
-    agent._end_stream("retract")  # this process's own open reply, under the turn it belongs to
-    agent._reset_turn_state()
-    agent._current_turn_id = turn_id = turn["id"]
-    # Before anything else for this turn: text a killed process streamed for it and never
-    # committed is void; the durable transcript is what the turn continues from.
-    agent._retract_turn_stream()
-    agent._session_db_created = True
-    user_message = turn["user_text"] or ""
-    effective_task_id = task_id or f"resume-{turn_id}"
+    turn = agent.start_turn(record["id"], resumed=True)
+    user_message = record["user_text"] or ""
+    effective_task_id = task_id or f"resume-{turn.id}"
     messages = db.load_live_messages(agent.session_id)
 
-    answer = _final_answer(messages, turn_id)
-    if answer is not None:
+    last = messages[-1] if messages else None
+    if last is not None and is_final_answer(last) and last.get("_turn_id") == turn.id:
         # Killed after the answer was committed and before the turn was marked done.
-        probes.fire("resume.reconciled", **agent._probe_ids(action="mark_done"))
+        probes.fire("resume.reconciled", **turn.probe_ids(action="mark_done"))
         agent._persist_session(messages)
-        return agent._result(messages, final_response=answer, completed=True,
-                             exit_reason="text_response(final)", api_calls=0)
+        return turn.result(messages, final_response=last["content"], completed=True,
+                           exit_reason="text_response(final)", api_calls=0)
 
-    block, answered = _last_tool_block(messages)
-    if block is not None:
-        intents = {d["tool_call_id"]: d for d in db.get_dispatches(agent.session_id, turn_id)}
-        for call in block["tool_calls"]:
-            if call["id"] in answered:
-                continue
-            intent = intents.get(call["id"])
-            if intent is None or intent["policy"] == IDEMPOTENT:
-                agent._execute_tool_calls_sequential(SimpleNamespace(content=None, tool_calls=[call]),
-                                                     messages, effective_task_id)
-            else:
-                result = make_tool_result_message(call["function"]["name"], UNKNOWN_OUTCOME, call["id"])
-                result["_turn_id"] = turn_id
-                messages.append(result)
-                if agent._flush_incremental(messages):
-                    agent._project_tool_complete(call["id"], call["function"]["name"], None, UNKNOWN_OUTCOME)
-            if agent._incremental_persistence_failed:
-                return agent._persistence_failed_result(messages, 0)
-    probes.fire("resume.reconciled", **agent._probe_ids(action="continue"))
+    if not _reconcile_tool_block(agent, messages, effective_task_id):
+        return turn.persistence_failed_result(messages, 0)
+    probes.fire("resume.reconciled", **turn.probe_ids(action="continue"))
     return agent.continue_turn(messages, system_message=system_message, task_id=effective_task_id,
                                user_message=user_message)
+
+
+def _reconcile_tool_block(agent: "AIAgent", messages: list[dict[str, Any]], task_id: str) -> bool:
+    """Give each unanswered call of the trailing tool block its result (the table in the module
+    docstring). False when a write failed and the turn ended closed."""
+    turn = agent.turn
+    block, answered = trailing_tool_block(messages)
+    if block is None:
+        return True
+    intents = {d["tool_call_id"]: d for d in turn.db.get_dispatches(agent.session_id, turn.id)}
+    for call in block["tool_calls"]:
+        if call["id"] in answered:
+            continue
+        intent = intents.get(call["id"])
+        if intent is None or intent["policy"] == IDEMPOTENT:
+            agent._execute_tool_calls_sequential(SimpleNamespace(content=None, tool_calls=[call]),
+                                                 messages, task_id)
+        else:
+            result = make_tool_result_message(call["function"]["name"], UNKNOWN_OUTCOME, call["id"])
+            result["_turn_id"] = turn.id
+            messages.append(result)
+            if turn.flush(messages):
+                turn.show_tool_complete(call["id"], call["function"]["name"], None, UNKNOWN_OUTCOME)
+        if turn.persistence_failed:
+            return False
+    return True

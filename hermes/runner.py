@@ -19,9 +19,13 @@ callback, or in ``finalize_turn`` before the turn reports completion), or "retra
 reply asked again, a failed flush); and resuming an interrupted turn first retracts,
 unconditionally, whatever a killed process may have streamed for it.
 
-Names the tests patch (``handle_function_call``, ``get_tool_definitions``,
-``check_toolset_requirements``, ``OpenAI``, ``_hermes_home``) are module globals,
-looked up when used.
+Each turn's state lives in a ``hermes.turn.Turn`` (``agent.turn``), which the tool
+executors, the finalizer and recovery share with this loop. Names the tests patch
+(``handle_function_call``, ``get_tool_definitions``, ``check_toolset_requirements``,
+``OpenAI``, ``_hermes_home``) are module globals, looked up when used; so are the
+agent's replaceable steps (``_flush_messages_to_session_db``, ``_execute_tool_calls*``,
+``_invoke_tool``, ``_persist_session``, ``_save_trajectory``, ``_cleanup_task_resources``),
+looked up on the agent each time.
 """
 from __future__ import annotations
 
@@ -36,22 +40,27 @@ from typing import Any, Callable
 
 from openai import OpenAI
 
-from hermes import executor, finalizer, persistence_failure, probes
+from hermes import executor, finalizer, probes
+from hermes.ids import validate_session_id
+from hermes.private_files import make_private_dirs, open_private
 from hermes.state import SessionDB
 from hermes.tools import check_toolset_requirements, get_tool_definitions, handle_function_call, registry
 from hermes.transcript import (
     fill_or_append_answer,
+    is_blank,
     normalize_tool_calls,
     public_copy,
     sanitize_api_messages,
     scrub_text,
 )
+from hermes.turn import PERSISTENCE_FAILED, Turn
+
+__all__ = ["AIAgent", "PERSISTENCE_FAILED", "ModelCallError", "check_toolset_requirements", "get_tool_definitions",
+           "handle_function_call"]
 
 log = logging.getLogger("hermes.runner")
 
 _hermes_home = Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
-
-PERSISTENCE_FAILED = "session_persistence_failed"
 
 
 class ModelCallError(Exception):
@@ -113,17 +122,16 @@ class AIAgent:
         stream_end_callback: Callable[[str, str | None], Any] | None = None,
         http_client: Any = None,
     ) -> None:
-        # This runtime reads no context files and keeps no long-term memory; the flags are
-        # accepted so callers written for fuller agents construct it unchanged.
-        del skip_context_files, skip_memory
+        # This runtime prints nothing, reads no context files and keeps no long-term memory; the
+        # flags are accepted so callers written for fuller agents (the seed contract) construct it.
+        del quiet_mode, skip_context_files, skip_memory
+        # Checked first (hermes.ids): a bad id is refused before anything is built.
+        self.session_id = f"session-{uuid.uuid4().hex[:12]}" if session_id is None else session_id
         self.model = model
-        self.quiet_mode = quiet_mode
         self.hermes_home = Path(_hermes_home)
-        self.enabled_toolsets = enabled_toolsets
         self.tools = get_tool_definitions(enabled_toolsets=enabled_toolsets)
         self.valid_tool_names = {t["function"]["name"] for t in self.tools}
-        self.toolset_problems = check_toolset_requirements(enabled_toolsets=enabled_toolsets)
-        for toolset, missing in self.toolset_problems.items():
+        for toolset, missing in check_toolset_requirements(enabled_toolsets=enabled_toolsets).items():
             log.warning("toolset %s is not usable yet: missing %s", toolset, ", ".join(missing))
         # `http_client`: an HTTP client for the SDK to use instead of building its own (a worker
         # forked from a warm template passes one whose TLS context the template already built).
@@ -135,113 +143,60 @@ class AIAgent:
         self.max_concurrent_tools = max_concurrent_tools
         self.system_prompt = system_prompt
         self._cached_system_prompt: str | None = None
-        self._use_prompt_caching = False
-        self.compression_enabled = False
         self.save_trajectories = False
         self.interim_assistant_callback = interim_assistant_callback
         self.tool_complete_callback = tool_complete_callback
         self.stream_delta_callback = stream_delta_callback
         self.stream_end_callback = stream_end_callback
-        # True while deltas were shown that no stream_end has settled yet.
-        self._stream_open = False
 
         self._session_db = session_db
         self._session_db_created = False
-        self.session_id = session_id or f"session-{uuid.uuid4().hex[:12]}"
-        self._persist_disabled = False
         self.session_source = "cli"
+        self.turn = Turn(self)
 
-        self._current_turn_id: str | None = None
-        self._current_streamed_assistant_text = ""
-        self._incremental_persistence_failed = False
-        self._persistence_failure_cause: str | None = None
-        self._persistence_failure_detail: str | None = None
+    # ----------------------------------------------------------- the turn
+    @property
+    def session_db(self) -> SessionDB | None:
+        return self._session_db
 
-    # ------------------------------------------------------------------ ids
-    def _probe_ids(self, **extra: Any) -> dict[str, Any]:
-        return {"session": self.session_id, "turn": self._current_turn_id, **extra}
+    @property
+    def session_id(self) -> str:
+        return self._session_id
 
-    def _idempotency_key(self, tool_call_id: str) -> str:
-        # Stable across attempts: a rerun after a crash presents the same key to the tool.
-        return f"{self.session_id}:{self._current_turn_id}:{tool_call_id}"
+    @session_id.setter
+    def session_id(self, value: str) -> None:
+        """Checked whenever it is set (``hermes.ids``): the id names a directory of spilled results."""
+        self._session_id = validate_session_id(value)
 
-    def _spill_dir(self) -> Path:
-        return self.hermes_home / "tool_results" / self.session_id
+    def start_turn(self, turn_id: str | None = None, *, resumed: bool = False) -> Turn:
+        """Make `turn_id` (default: a new id) the current turn; `resumed`: one a killed process began."""
+        self.turn.end_stream("retract")  # settled under the turn it belongs to, before the turn changes
+        self.turn = Turn(self, turn_id or f"turn-{uuid.uuid4().hex[:16]}")
+        if resumed:
+            # Its rows are durable, so its session row is too; and whatever a killed process
+            # streamed for it and never committed is void now.
+            self._session_db_created = True
+            self.turn.retract_stream()
+        return self.turn
 
-    # ---------------------------------------------------------- persistence
-    def _reset_turn_state(self) -> None:
-        self._incremental_persistence_failed = False
-        self._persistence_failure_cause = None
-        self._persistence_failure_detail = None
-        self._current_streamed_assistant_text = ""
+    # Read (and, for the streamed text, set) by callers written against fuller agents.
+    @property
+    def _incremental_persistence_failed(self) -> bool:
+        return self.turn.persistence_failed
 
-    def _note_persistence_failure(self, exc: BaseException) -> None:
-        self._incremental_persistence_failed = True
-        self._persistence_failure_cause = persistence_failure.classify(exc)
-        self._persistence_failure_detail = str(exc)
-        log.error("session persistence failed (%s): %s", self._persistence_failure_cause, exc)
+    @property
+    def _current_streamed_assistant_text(self) -> str:
+        return self.turn.streamed_text
 
-    def _persistence_on(self) -> bool:
-        return self._session_db is not None and not self._persist_disabled
+    @_current_streamed_assistant_text.setter
+    def _current_streamed_assistant_text(self, text: str) -> None:
+        self.turn.streamed_text = text
 
-    @staticmethod
-    def _pending_messages(messages: list[dict[str, Any]],
-                          conversation_history: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-        """The tail of `messages` that is not yet durable, oldest first.
-
-        Scans back from the end to the newest durable message, so a flush costs the
-        number of new messages, not the length of the transcript. Messages of
-        `conversation_history` (by identity) count as durable unless they carry a
-        `_row_id` that asks for a rewrite.
-        """
-        if not conversation_history and messages:
-            # The usual flush: only the newest message is new (the loop below would say the same).
-            last = messages[-1]
-            if not last.get("_db_persisted") and (len(messages) == 1 or messages[-2].get("_db_persisted")):
-                return [last]
-        history_ids: set[int] | None = None
-        pending = []
-        for msg in reversed(messages):
-            if msg.get("_db_persisted"):
-                break
-            if conversation_history and "_row_id" not in msg:
-                if history_ids is None:
-                    history_ids = {id(m) for m in conversation_history}
-                if id(msg) in history_ids:
-                    break
-            pending.append(msg)
-        pending.reverse()
-        return pending
-
-    def _write(self, pending: list[dict[str, Any]], start_turn: str | None = None) -> bool:
-        assert self._session_db is not None
-        results = self._session_db.write_pending(self.session_id, pending, start_turn=start_turn,
-                                                 probe_context={"turn": self._current_turn_id})
-        # Only now, after COMMIT, do the live dicts learn they are durable.
-        for msg, (row_id, adopted) in zip(pending, results):
-            if adopted is not None:
-                msg["content"] = adopted
-            msg["_row_id"] = row_id
-            msg["_db_persisted"] = True
-        return True
-
+    # ------------------------------------------------- replaceable steps
     def _flush_messages_to_session_db(self, messages: list[dict[str, Any]],
                                       conversation_history: list[dict[str, Any]] | None = None) -> bool | None:
-        """Commit every message not yet durable in one transaction.
-
-        True on success, False on failure (the cause is kept for the turn's result),
-        None when persistence is off. Never raises into the turn.
-        """
-        if self._session_db is None or self._persist_disabled:  # i.e. not self._persistence_on()
-            return None
-        pending = self._pending_messages(messages, conversation_history)
-        if not pending:
-            return True
-        try:
-            return self._write(pending)
-        except Exception as exc:
-            self._note_persistence_failure(exc)
-            return False
+        """Commit every message not yet durable in one transaction (see ``Turn.commit``)."""
+        return self.turn.commit(messages, conversation_history)
 
     def _ensure_session_row(self) -> None:
         if not self._session_db_created:
@@ -250,132 +205,39 @@ class AIAgent:
                                             system_prompt=self.system_prompt)
             self._session_db_created = True
 
-    def _begin_turn(self, messages: list[dict[str, Any]], turn_id: str) -> bool:
-        """Commit the new user message together with the turn's 'running' row."""
-        if not self._persistence_on():
-            return True
-        try:
-            self._ensure_session_row()
-            return self._write(self._pending_messages(messages), start_turn=turn_id)
-        except Exception as exc:
-            self._note_persistence_failure(exc)
-            return False
-
-    def _flush_incremental(self, messages: list[dict[str, Any]]) -> bool:
-        """Flush during a turn; a failure (False or raised) marks the turn's persistence failed."""
-        try:
-            saved = self._flush_messages_to_session_db(messages)
-        except Exception as exc:  # a replaced flush may raise; it still ends the turn closed
-            self._note_persistence_failure(exc)
-            return False
-        if saved is False:
-            self._incremental_persistence_failed = True
-            return False
-        return True
-
-    def _record_dispatch_intents(self, calls: list[dict[str, Any]]) -> bool:
-        """Durably note that `calls` are about to run; False (and nothing runs) if that fails."""
-        if not self._persistence_on():
-            return True
-        intents = [{"tool_call_id": c["id"], "tool_name": c["function"]["name"],
-                    "policy": registry.policy(c["function"]["name"]),
-                    "idempotency_key": self._idempotency_key(c["id"])} for c in calls]
-        try:
-            assert self._session_db is not None
-            self._session_db.record_dispatches(self.session_id, self._current_turn_id or "", intents)
-        except Exception as exc:
-            self._note_persistence_failure(exc)
-            return False
-        return True
-
     def _persist_session(self, messages: list[dict[str, Any]],
                          conversation_history: list[dict[str, Any]] | None = None) -> bool | None:
         """Record durably that the current turn completed (its answer is already committed)."""
-        if not self._persistence_on() or self._current_turn_id is None:
-            return None
-        try:
-            assert self._session_db is not None
-            self._session_db.finish_turn(self._current_turn_id, "done")
-        except Exception as exc:
-            # The answer is durable; recovery derives completion from it, so this only logs.
-            log.warning("could not mark turn %s done: %s", self._current_turn_id, exc)
-            return False
-        return True
+        return self.turn.finish("done")
 
     def _save_trajectory(self, messages: list[dict[str, Any]], user_message: str, completed: bool) -> None:
         """Append the turn to trajectories.jsonl under the home directory, when asked to."""
         if not self.save_trajectories:
             return
-        self.hermes_home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = self.hermes_home / "trajectories.jsonl"
-        fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"session": self.session_id, "turn": self._current_turn_id,
+        make_private_dirs(self.hermes_home)
+        with open_private(self.hermes_home / "trajectories.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"session": self.session_id, "turn": self.turn.id,
                                  "user": scrub_text(user_message), "completed": completed,
                                  "messages": [public_copy(m) for m in messages]}, ensure_ascii=False) + "\n")
 
     def _cleanup_task_resources(self, task_id: str) -> None:
         registry.cleanup_task(task_id)
 
-    # ----------------------------------------------------------- UI callbacks
-    def _project_interim(self, content: str | None, already_streamed: bool) -> None:
-        if not content or self.interim_assistant_callback is None:
-            return
-        probes.fire("callback.interim.before", **self._probe_ids())
-        self.interim_assistant_callback(content, already_streamed=already_streamed)
-        probes.fire("callback.interim.after", **self._probe_ids())
-
-    def _project_tool_complete(self, tool_call_id: str, name: str, args: dict[str, Any] | None,
-                               content: str) -> None:
-        if self.tool_complete_callback is None:
-            return
-        probes.fire("callback.tool_complete.before", **self._probe_ids(tool_call_id=tool_call_id))
-        self.tool_complete_callback(tool_call_id, name, args, content)
-        probes.fire("callback.tool_complete.after", **self._probe_ids(tool_call_id=tool_call_id))
-
-    def _end_stream(self, outcome: str, text: str | None = None) -> None:
-        """Settle the streamed reply shown since the last end ("commit" or "retract"); a no-op
-        when nothing was streamed, so a reply nobody saw being streamed is never committed."""
-        if not self._stream_open:
-            return
-        self._stream_open = False
-        if self.stream_end_callback is not None:
-            self.stream_end_callback(outcome, None if outcome == "retract" else text)
-
-    def _retract_turn_stream(self) -> None:
-        """Void whatever any process streamed for the current turn and never committed.
-
-        Unconditional: the process that streamed it may have been killed, so this one cannot
-        know whether anything is open. The durable transcript is authoritative.
-        """
-        self._stream_open = False
-        if self.stream_end_callback is not None:
-            self.stream_end_callback("retract", None)
-
-    # ------------------------------------------------------------------ tools
-    def _is_parallel_safe(self, name: str) -> bool:
-        return registry.parallel_safe(name)
-
-    def _dispatch_tool(self, call: dict[str, Any], args: dict[str, Any], task_id: str | None) -> Any:
-        """Run one tool on the calling thread (the sequential path)."""
-        call_id = call["id"]
-        probes.fire("tool.dispatch.before", **self._probe_ids(tool_call_id=call_id))
-        result = handle_function_call(call["function"]["name"], args, task_id, tool_call_id=call_id,
-                                      idempotency_key=self._idempotency_key(call_id),
-                                      session_id=self.session_id, turn_id=self._current_turn_id)
-        probes.fire("tool.dispatch.after", **self._probe_ids(tool_call_id=call_id))
-        return result
+    def _call_tool(self, function_name: str, function_args: dict[str, Any], task_id: str | None,
+                   tool_call_id: str) -> Any:
+        """Run one tool through `handle_function_call`, telling it the turn's ids."""
+        return handle_function_call(function_name, function_args, task_id, tool_call_id=tool_call_id,
+                                    idempotency_key=self.turn.idempotency_key(tool_call_id),
+                                    session_id=self.session_id, turn_id=self.turn.id)
 
     def _invoke_tool(self, function_name: str, function_args: dict[str, Any], effective_task_id: str | None,
                      tool_call_id: str) -> Any:
         """Run one tool on a pool thread (the concurrent path)."""
-        return handle_function_call(function_name, function_args, effective_task_id, tool_call_id=tool_call_id,
-                                    idempotency_key=self._idempotency_key(tool_call_id),
-                                    session_id=self.session_id, turn_id=self._current_turn_id)
+        return self._call_tool(function_name, function_args, effective_task_id, tool_call_id)
 
     def _execute_tool_calls(self, assistant_message: Any, messages: list[dict[str, Any]],
                             effective_task_id: str | None, api_call_count: int = 0) -> None:
-        segments = executor.plan_segments(self, list(assistant_message.tool_calls or ()))
+        segments = executor.plan_segments(list(assistant_message.tool_calls or ()))
         if len(segments) == 1 and segments[0][0] == "parallel":
             self._execute_tool_calls_concurrent(assistant_message, messages, effective_task_id)
         elif len(segments) == 1:
@@ -402,9 +264,10 @@ class AIAgent:
         request: dict[str, Any] = {"model": self.model, "messages": self._api_messages(messages, system_message)}
         if self.tools:
             request["tools"] = self.tools
-        self._current_streamed_assistant_text = ""
-        self._end_stream("retract")  # a reply left unsettled is abandoned now
-        probes.fire("model.request", **self._probe_ids())
+        turn = self.turn
+        turn.streamed_text = ""
+        turn.end_stream("retract")  # a reply left unsettled is abandoned now
+        probes.fire("model.request", **turn.probe_ids())
         try:
             try:
                 reply = self._stream_reply(request) if self.stream else self._plain_reply(request)
@@ -415,9 +278,9 @@ class AIAgent:
         except BaseException:
             # Whatever was streamed of a reply that failed (a cut stream, a bad chunk, an
             # interrupt) will never be committed.
-            self._end_stream("retract")
+            turn.end_stream("retract")
             raise
-        probes.fire("model.response", **self._probe_ids())
+        probes.fire("model.response", **turn.probe_ids())
         return reply
 
     def _plain_reply(self, request: dict[str, Any]) -> ModelReply:
@@ -435,6 +298,7 @@ class AIAgent:
         content: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish_reason = None
+        turn = self.turn
         for chunk in self.client.chat.completions.create(stream=True, **request):
             if not chunk.choices:
                 continue
@@ -442,10 +306,7 @@ class AIAgent:
             delta = choice.delta
             if delta is not None and delta.content:
                 content.append(delta.content)
-                self._current_streamed_assistant_text += delta.content
-                if self.stream_delta_callback is not None:
-                    self._stream_open = True
-                    self.stream_delta_callback(delta.content)
+                turn.show_delta(delta.content)
             for part in (delta.tool_calls or []) if delta is not None else []:
                 slot = calls.setdefault(part.index, {"id": "", "type": "function",
                                                      "function": {"name": "", "arguments": ""}})
@@ -456,61 +317,27 @@ class AIAgent:
                     slot["function"]["arguments"] += part.function.arguments or ""
             if choice.finish_reason:
                 finish_reason = choice.finish_reason
-            probes.fire("model.chunk", **self._probe_ids())
+            probes.fire("model.chunk", **turn.probe_ids())
         if finish_reason is None:
-            self._current_streamed_assistant_text = ""
+            turn.streamed_text = ""
             raise ModelCallError("truncated_stream", "the model's stream ended before it said it was finished "
                                                      "(no finish_reason); the partial reply was discarded")
         return ModelReply(content="".join(content) or None, tool_calls=[calls[i] for i in sorted(calls)],
                           finish_reason=finish_reason, streamed=True)
 
     # ------------------------------------------------------------------ turns
-    def _result(self, messages: list[dict[str, Any]], *, final_response: str | None, completed: bool,
-                exit_reason: str, api_calls: int, failure_reason: str | None = None,
-                error: str | None = None) -> dict[str, Any]:
-        result = {"final_response": final_response, "messages": messages, "completed": completed,
-                  "failed": failure_reason is not None, "interrupted": False,
-                  "turn_exit_reason": exit_reason, "api_calls": api_calls,
-                  "session_id": self.session_id, "turn_id": self._current_turn_id}
-        if failure_reason is not None:
-            result["failure_reason"] = failure_reason
-            result["error"] = error
-        return result
-
-    def _persistence_failed_result(self, messages: list[dict[str, Any]], api_calls: int) -> dict[str, Any]:
-        cause = self._persistence_failure_cause or "unknown"
-        db_path = getattr(self._session_db, "db_path", None)
-        detail = None if cause == "locked" else self._persistence_failure_detail
-        return self._result(messages, final_response=None, completed=False, exit_reason=PERSISTENCE_FAILED,
-                            api_calls=api_calls, failure_reason=f"{PERSISTENCE_FAILED}:{cause}",
-                            error=persistence_failure.describe(cause, detail, db_path))
-
-    def _failed_result(self, messages: list[dict[str, Any]], api_calls: int, exit_reason: str,
-                       failure_reason: str, error: str) -> dict[str, Any]:
-        """End the turn with a recorded failure (storage works; the model or the loop gave up)."""
-        if self._persistence_on() and self._current_turn_id is not None:
-            try:
-                assert self._session_db is not None
-                self._session_db.finish_turn(self._current_turn_id, "failed", error=f"{failure_reason}: {error}")
-            except Exception as exc:
-                log.warning("could not record the failure of turn %s: %s", self._current_turn_id, exc)
-        return self._result(messages, final_response=None, completed=False, exit_reason=exit_reason,
-                            api_calls=api_calls, failure_reason=failure_reason, error=error)
-
     def run_conversation(self, user_message: str, system_message: str | None = None,
                          conversation_history: list[dict[str, Any]] | None = None,
                          task_id: str | None = None, *, turn_id: str | None = None) -> dict[str, Any]:
         """Run one user turn to its final answer, a recorded failure, or a closed persistence failure."""
-        self._end_stream("retract")  # settled under the turn it belongs to, before the id changes
-        self._reset_turn_state()
-        self._current_turn_id = turn_id or f"turn-{uuid.uuid4().hex[:16]}"
+        turn = self.start_turn(turn_id)
         effective_task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
         # History came from the database (or the caller vouches for it): it is durable already.
         messages = [dict(m) if "_row_id" in m else dict(m, _db_persisted=True) for m in conversation_history or ()]
-        messages.append({"role": "user", "content": user_message, "_turn_id": self._current_turn_id})
-        probes.fire("turn.start", **self._probe_ids())
-        if not self._begin_turn(messages, self._current_turn_id):
-            return self._persistence_failed_result(messages, 0)
+        messages.append({"role": "user", "content": user_message, "_turn_id": turn.id})
+        probes.fire("turn.start", **turn.probe_ids())
+        if not turn.begin(messages):
+            return turn.persistence_failed_result(messages, 0)
         return self.continue_turn(messages, system_message=system_message, task_id=effective_task_id,
                                   user_message=user_message, conversation_history=conversation_history)
 
@@ -518,47 +345,52 @@ class AIAgent:
                       user_message: str, conversation_history: list[dict[str, Any]] | None = None,
                       api_call_count: int = 0) -> dict[str, Any]:
         """Drive the current turn from `messages` (whose tail is durable) to its end."""
-        turn_id = self._current_turn_id
+        turn = self.turn
         empty_replies = 0
         while api_call_count < self.max_iterations:
             api_call_count += 1
             try:
                 reply = self._call_model(messages, system_message)
             except ModelCallError as exc:
-                return self._failed_result(messages, api_call_count, "model_error", f"model_error:{exc.kind}",
-                                           f"The model call failed: {exc}. The transcript is saved and "
-                                           "well-formed; retry the turn once the endpoint works.")
+                return turn.failed_result(messages, api_call_count, "model_error", f"model_error:{exc.kind}",
+                                          f"The model call failed: {exc}. The transcript is saved and "
+                                          "well-formed; retry the turn once the endpoint works.")
             if reply.tool_calls:
-                block = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls,
-                         "_turn_id": turn_id}
-                messages.append(block)
-                if not self._flush_incremental(messages):
-                    self._end_stream("retract")
-                    return self._persistence_failed_result(messages, api_call_count)
-                self._end_stream("commit", block["content"])
-                self._project_interim(reply.content, already_streamed=reply.streamed)
-                self._execute_tool_calls(SimpleNamespace(content=reply.content, tool_calls=reply.tool_calls),
-                                         messages, task_id, api_call_count)
-                if self._incremental_persistence_failed:
-                    return self._persistence_failed_result(messages, api_call_count)
+                if not self._run_tool_block(reply, messages, task_id, api_call_count):
+                    return turn.persistence_failed_result(messages, api_call_count)
                 continue
-            if not (reply.content or "").strip() and not self._current_streamed_assistant_text.strip():
+            if is_blank(reply.content) and is_blank(turn.streamed_text):
                 # A blank answer is not an answer; ask once more before giving up.
-                self._end_stream("retract")
+                turn.end_stream("retract")
                 empty_replies += 1
                 if empty_replies < 2:
                     continue
-                return self._failed_result(messages, api_call_count, "model_error", "model_error:empty_response",
-                                           "The model answered with neither text nor tool calls, twice. "
-                                           "The transcript is saved; retry the turn.")
-            fill_or_append_answer(messages, reply.content or "", turn_id)
+                return turn.failed_result(messages, api_call_count, "model_error", "model_error:empty_response",
+                                          "The model answered with neither text nor tool calls, twice. "
+                                          "The transcript is saved; retry the turn.")
+            fill_or_append_answer(messages, reply.content or "", turn.id)
             return finalizer.finalize_turn(
                 self, final_response=reply.content or "", api_call_count=api_call_count, interrupted=False,
                 failed=False, messages=messages, conversation_history=conversation_history,
-                effective_task_id=task_id, turn_id=turn_id, user_message=user_message,
+                effective_task_id=task_id, turn_id=turn.id, user_message=user_message,
                 original_user_message=user_message, _should_review_memory=False,
                 _turn_exit_reason="text_response(final)")
-        return self._failed_result(messages, api_call_count, "max_iterations", "max_iterations",
-                                   f"The turn used all {self.max_iterations} model calls it is allowed without "
-                                   "reaching an answer. The transcript is saved; raise max_iterations or "
-                                   "simplify the request.")
+        return turn.failed_result(messages, api_call_count, "max_iterations", "max_iterations",
+                                  f"The turn used all {self.max_iterations} model calls it is allowed without "
+                                  "reaching an answer. The transcript is saved; raise max_iterations or "
+                                  "simplify the request.")
+
+    def _run_tool_block(self, reply: ModelReply, messages: list[dict[str, Any]], task_id: str,
+                        api_call_count: int) -> bool:
+        """Commit the reply's tool-call block, show its text, run its calls. False: the turn ended closed."""
+        turn = self.turn
+        block = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls, "_turn_id": turn.id}
+        messages.append(block)
+        if not turn.flush(messages):
+            turn.end_stream("retract")
+            return False
+        turn.end_stream("commit", block["content"])
+        turn.show_interim(reply.content, already_streamed=reply.streamed)
+        self._execute_tool_calls(SimpleNamespace(content=reply.content, tool_calls=reply.tool_calls),
+                                 messages, task_id, api_call_count)
+        return not turn.persistence_failed

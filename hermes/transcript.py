@@ -7,7 +7,7 @@ builds the provider payload as fresh dicts and leaves its input untouched.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 INTERRUPTED_RESULT = ("[no result recorded: this tool call was interrupted before its result was saved; "
                       "its outcome is unknown]")
@@ -37,6 +37,49 @@ def normalize_tool_calls(calls: Iterable[Any] | None) -> list[dict[str, Any]]:
     return [normalize_tool_call(c) for c in calls or ()]
 
 
+def is_blank(content: Any) -> bool:
+    """No text: None, or a string of whitespace only (list content is never blank)."""
+    return content is None or (isinstance(content, str) and not content.strip())
+
+
+def is_blank_assistant(message: Mapping[str, Any]) -> bool:
+    """An assistant message with no text and no tool calls: the one kind of row the runtime may
+    later fill in place (with the answer it was left without), and never a finished transcript's."""
+    return message.get("role") == "assistant" and not message.get("tool_calls") and is_blank(message.get("content"))
+
+
+def is_final_answer(message: Mapping[str, Any]) -> bool:
+    """A turn's final answer: an assistant message with text and no tool calls."""
+    return (message.get("role") == "assistant" and not message.get("tool_calls")
+            and not is_blank(message.get("content")))
+
+
+def call_ids(message: Mapping[str, Any]) -> list[Any]:
+    """The ids of the tool calls an assistant message asks for, in order (none if it asks for none)."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return []
+    return [c.get("id") for c in calls if isinstance(c, dict)]
+
+
+def trailing_tool_block(messages: Sequence[Mapping[str, Any]]) -> tuple[Any, set[Any]]:
+    """The transcript's trailing tool block: (its assistant message, ids of the calls answered since).
+
+    The block is the newest assistant message with tool calls when only tool results follow
+    it; (None, empty set) when something else ends the transcript. The answered ids are those
+    of the results after it (whether or not the block asked for them).
+    """
+    answered: set[Any] = set()
+    for message in reversed(messages):
+        if message.get("role") == "tool":
+            answered.add(message.get("tool_call_id"))
+            continue
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            return message, answered
+        break
+    return None, set()
+
+
 def fill_or_append_answer(messages: list[dict[str, Any]], text: str, turn_id: str | None) -> dict[str, Any]:
     """Put a final answer into the transcript without ever leaving a blank assistant row.
 
@@ -46,8 +89,7 @@ def fill_or_append_answer(messages: list[dict[str, Any]], text: str, turn_id: st
     assistant message is appended. Returns the message holding the answer.
     """
     last = messages[-1] if messages else None
-    if (last is not None and last.get("role") == "assistant" and not last.get("tool_calls")
-            and not (last.get("content") or "").strip()):
+    if last is not None and is_blank_assistant(last):
         last["content"] = text
         last.pop("_db_persisted", None)
         return last

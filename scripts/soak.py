@@ -46,8 +46,8 @@ if str(REPO) not in sys.path:
 import psutil  # noqa: E402
 
 from hermes.state import SessionDB  # noqa: E402
-from supervisor import inbox  # noqa: E402
-from supervisor.checker import check_structure  # noqa: E402
+from supervisor.chaos.checker import check_structure  # noqa: E402
+from supervisor.daemon import inbox  # noqa: E402
 
 
 @dataclass
@@ -150,7 +150,7 @@ class Soak:
     def _start_daemon(self) -> subprocess.Popen:
         n = len(self.daemons)
         out = open(self.dir / f"daemon-{n}.out", "wb")
-        cmd = [sys.executable, "-m", "supervisor.daemon_cli", "serve", "--db", str(self.db),
+        cmd = [sys.executable, "-m", "supervisor.daemon.cli", "serve", "--db", str(self.db),
                "--workers", str(self.config.workers), "--json-logs", "--log-file", str(self.dir / f"daemon-{n}.log"),
                "--backoff-base", "0.05", "--backoff-max", "1", "--crash-limit", str(self.config.crash_limit),
                "--drain-seconds", str(self.config.drain_seconds)]

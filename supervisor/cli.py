@@ -18,16 +18,20 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
+from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
-from supervisor import bench, daemon_cli, storage_faults
 from supervisor.argtypes import positive_int
-from supervisor.campaign import FAULT_OPTIONS, MODES, Campaign, CampaignConfig, summarize
-from supervisor.checker import check_structure
-from supervisor.logs import MergedLog
-from supervisor.report import table, write_reports
-from supervisor.scenarios import SCENARIOS
+from supervisor.chaos.generator import MODES
+from supervisor.chaos.nemesis import FAULT_OPTIONS
+from supervisor.chaos.scenarios import SCENARIOS
+from supervisor.daemon import cli as daemon_cli
+from supervisor.targets import DEFAULT_TARGET, TARGETS
+
+if TYPE_CHECKING:
+    from supervisor.chaos.campaign import CampaignConfig
+    from supervisor.chaos.runner import CaseResult
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
 
@@ -59,9 +63,7 @@ def _faults(text: str) -> tuple[str, ...]:
     return chosen
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hermes-supervisor", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _add_chaos(commands: argparse._SubParsersAction) -> None:
     chaos = commands.add_parser("chaos", help="kill workers at every boundary and check the transcript")
     chaos.add_argument("--mode", choices=MODES, default="exhaustive")
     chaos.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), default=None,
@@ -85,14 +87,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="merged worker log, JSON lines (default: DIR/workers.log with --report)")
     chaos.add_argument("--history", type=Path, default=None, help="stream the history to this JSONL file")
     chaos.add_argument("--list-points", action="store_true", help="print the kill points and exit")
-    chaos.add_argument("--target", choices=("hermes", "hermes-agent"), default="hermes",
-                       help="the agent under test: ours (default) or upstream hermes-agent "
-                            "(pip install 'hermes-supervisor[upstream]')")
+    chaos.add_argument("--target", choices=tuple(TARGETS), default=DEFAULT_TARGET,
+                       help="the agent under test: " + " or ".join(t.description for t in TARGETS.values()))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hermes-supervisor", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_chaos(commands)
     check = commands.add_parser("check", help="check the structural invariants of a database")
     check.add_argument("--db", type=Path, required=True)
     check.add_argument("--session", default=None)
     daemon_cli.add_commands(commands)
-    bench.add_command(commands)
+    # The benchmarks are a program of their own (`python -m bench`, scripts/bench.py): `main` hands
+    # this verb's arguments over unparsed (run_bench), so nothing of them is imported here.
+    commands.add_parser("bench", add_help=False,
+                        help="measure what durability and chaos cost (figures with references)")
     return parser
 
 
@@ -122,32 +132,60 @@ def run_chaos(args: argparse.Namespace) -> int:
     if args.list_points:
         print("\n".join(POINTS))
         return EXIT_OK
+    from supervisor.chaos.campaign import CampaignConfig
+
     if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
         raise UsageError(f"--workdir {args.workdir} exists and is not a directory")
-    scenarios = args.scenario or sorted(SCENARIOS)
     kill_modes = ("self", "external") if args.kill_mode == "both" else (args.kill_mode,)
-    config = CampaignConfig(scenarios=scenarios, mode=args.mode, seed=args.seed, runs=args.runs, jobs=args.jobs,
-                            shard=args.shard, kill_modes=kill_modes, workdir=args.workdir,
-                            keep=args.workdir is not None, limit=args.limit, case_ids=tuple(args.case or ()),
-                            probes=tuple(args.probe or ()), forkserver=not args.no_forkserver, faults=args.faults,
-                            case_files=args.report / "cases" if args.report else None,
-                            target=args.target)
-    if args.target == "hermes-agent":
-        from worker import upstream
-        if not upstream.available():
-            raise UsageError(upstream.INSTALL_HINT)
+    config = CampaignConfig(scenarios=args.scenario or sorted(SCENARIOS), mode=args.mode, seed=args.seed,
+                            runs=args.runs, jobs=args.jobs, shard=args.shard, kill_modes=kill_modes,
+                            workdir=args.workdir, keep=args.workdir is not None, limit=args.limit,
+                            case_ids=tuple(args.case or ()), probes=tuple(args.probe or ()),
+                            forkserver=not args.no_forkserver, faults=args.faults,
+                            case_files=args.report / "cases" if args.report else None, target=args.target)
+    _check_runnable(config, args.workdir)
+    if args.report is not None:
+        make_private_dirs(args.report)
+    summary, results = _run_campaign(config, args)
+    from supervisor.chaos.report import table, write_reports
+
+    print(table(summary))
+    if summary["unreached"]:
+        print(f"kill points never reached by any scenario: {', '.join(summary['unreached'])}")
+    print(f"wall {summary['wall_seconds']:.1f}s, {summary['cycles_per_second']} cases/s")
+    if args.report is not None:
+        write_reports(args.report, summary, results)
+        print(f"report: {args.report / 'report.json'}")
+        print(f"report: {args.report / 'report.html'}")
+    return EXIT_OK if summary["ok"] else EXIT_VIOLATIONS
+
+
+def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
+    """Refuse up front what cannot run here: a target not installed, a storage fault this
+    machine cannot make, a case id that does not parse."""
+    from supervisor.chaos.generator import Case
+    from supervisor.chaos.nemesis import storage
+
+    target = TARGETS[config.target]
+    if not target.available():
+        raise UsageError(target.install_hint)
     try:
-        storage_faults.check_available(config.faults, args.workdir or Path(tempfile.gettempdir()))
-    except storage_faults.StorageFaultUnavailable as exc:
+        storage.check_available(config.faults, workdir or Path(tempfile.gettempdir()))
+    except storage.StorageFaultUnavailable as exc:
         raise UsageError(str(exc)) from None
     try:
         for case_id in config.case_ids:
-            from supervisor.campaign import Case
             Case.parse(case_id)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.report is not None:
-        args.report.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _run_campaign(config: CampaignConfig, args: argparse.Namespace) -> tuple[dict[str, Any], list[CaseResult]]:
+    """Run the campaign with progress lines and the merged worker log; its summary, with
+    the kill points a complete run failed to reach (a dead probe is never a pass)."""
+    from supervisor.chaos.campaign import Campaign, summarize
+    from supervisor.procs.logs import MergedLog
+
     progress, finish = _progress_printer()
     started = time.monotonic()
     log_path = args.log or (args.report / "workers.log" if args.report else None)
@@ -163,7 +201,7 @@ def run_chaos(args: argparse.Namespace) -> int:
     wall = time.monotonic() - started
     summary = summarize(results)
     # A run of every scenario must reach every kill point: an unreached one means a dead probe.
-    all_scenarios = (set(scenarios) == set(SCENARIOS) and not config.case_ids and not config.probes
+    all_scenarios = (set(config.scenarios) == set(SCENARIOS) and not config.case_ids and not config.probes
                      and config.mode == "exhaustive")
     unreached = [p for p in POINTS if p not in summary["reached"]] if all_scenarios else []
     # A kill point asked for by name that no run reached planned nothing there: never a pass.
@@ -171,19 +209,12 @@ def run_chaos(args: argparse.Namespace) -> int:
         unreached += [p for p in config.probes if p not in summary["reached"] and p not in unreached]
     summary.update(wall_seconds=round(wall, 2), cycles_per_second=round(len(results) / wall, 2) if wall else None,
                    unreached=unreached, ok=summary["ok"] and not unreached)
-    print(table(summary))
-    if unreached:
-        print(f"kill points never reached by any scenario: {', '.join(unreached)}")
-    print(f"wall {wall:.1f}s, {summary['cycles_per_second']} cases/s")
-    if args.report is not None:
-        write_reports(args.report, summary, results)
-        print(f"report: {args.report / 'report.json'}")
-        print(f"report: {args.report / 'report.html'}")
-    return EXIT_OK if summary["ok"] else EXIT_VIOLATIONS
+    return summary, results
 
 
 def run_check(args: argparse.Namespace) -> int:
     from hermes.state import StorageError
+    from supervisor.chaos.checker import check_structure
 
     if not args.db.exists():
         raise UsageError(f"--db {args.db} does not exist")
@@ -195,16 +226,24 @@ def run_check(args: argparse.Namespace) -> int:
     return EXIT_OK if verdict.valid is True else EXIT_VIOLATIONS
 
 
+def run_bench(argv: Sequence[str]) -> NoReturn:
+    """Become `python -m bench ARGV`: its output and exit status, with nothing of it imported here."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "bench", *argv])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        run_bench(argv[1:])
     try:
         args = build_parser().parse_args(argv)
         if args.command == "chaos":
             return run_chaos(args)
         if args.command == "check":
             return run_check(args)
-        if args.command == "bench":
-            return bench.run(args)
         return daemon_cli.run(args)
     except UsageError as exc:
         print(f"hermes-supervisor: error: {exc}", file=sys.stderr)

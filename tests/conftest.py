@@ -10,7 +10,7 @@ import pytest
 import hermes.runner
 from hermes import probes
 from hermes.state import SessionDB
-from supervisor.modelserver import Script, ScriptedModelServer
+from testkit.modelserver import Script, ScriptedModelServer
 
 
 @pytest.fixture(autouse=True)

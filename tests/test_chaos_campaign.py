@@ -19,9 +19,10 @@ import pytest
 
 from hermes.probes import POINTS
 from hermes.state import SessionDB
-from supervisor.campaign import CampaignConfig, Case, case_file_stem, in_shard, random_cases
-from supervisor.nemesis import Fault
-from supervisor.scenarios import SCENARIOS
+from supervisor.chaos.campaign import CampaignConfig
+from supervisor.chaos.generator import Case, case_file_stem, in_shard, random_cases
+from supervisor.chaos.nemesis import Fault
+from supervisor.chaos.scenarios import SCENARIOS
 
 REPO = Path(__file__).resolve().parent.parent
 chaos = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
@@ -145,8 +146,8 @@ def test_shards_split_cases_deterministically_and_completely() -> None:
 
 
 def test_random_mode_is_a_function_of_its_seed() -> None:
-    from supervisor.campaign import CaseResult
-    from supervisor.checker import Verdict
+    from supervisor.chaos.checker import Verdict
+    from supervisor.chaos.runner import CaseResult
 
     trace = [(0, 0, "flush.committed", n) for n in (1, 2, 3)] + [(0, 0, "model.request", 1)]
     baselines = {name: CaseResult(Case(name), Verdict(True, [], {}, "x"), 0, 0, 0.0, trace)
@@ -161,8 +162,8 @@ def test_random_mode_is_a_function_of_its_seed() -> None:
 
 
 def test_random_mode_aims_timer_kills_inside_the_measured_live_span() -> None:
-    from supervisor.campaign import CaseResult
-    from supervisor.checker import Verdict
+    from supervisor.chaos.checker import Verdict
+    from supervisor.chaos.runner import CaseResult
 
     baselines = {"single-tool": CaseResult(Case("single-tool"), Verdict(True, [], {}, "x"), 0, 0, 0.0,
                                            [(0, 0, "flush.committed", 1)], span_ms=200)}
@@ -268,7 +269,7 @@ def _outcome_reasons(events: list[dict]) -> set[str]:
 def test_storage_broken_while_the_worker_is_down_fails_closed_then_heals(tmp_path: Path) -> None:
     """After the kill, each storage fault in turn: the worker started on it fails closed with
     its cause, the storage is mended, and the turn still finishes (checked by every invariant)."""
-    from supervisor import storage_faults
+    from supervisor.chaos.nemesis import storage as storage_faults
 
     faults = ["readonly", "corrupt"]
     try:
@@ -293,7 +294,7 @@ def test_storage_broken_while_the_worker_is_down_fails_closed_then_heals(tmp_pat
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
 def test_disk_fault_without_the_right_to_mount_is_refused_up_front(tmp_path: Path) -> None:
-    from supervisor import storage_faults
+    from supervisor.chaos.nemesis import storage as storage_faults
 
     try:
         storage_faults.FullFileSystem.check_available(tmp_path)
@@ -328,7 +329,7 @@ def test_model_faults_end_turns_failed_and_named_or_are_absorbed(fault: str, rea
 
 
 def test_a_case_drawn_twice_gets_a_directory_of_its_own_each_time(tmp_path: Path) -> None:
-    from supervisor.campaign import _claim_dir
+    from supervisor.chaos.runner import _claim_dir
 
     first, second = _claim_dir(tmp_path, "writes__x"), _claim_dir(tmp_path, "writes__x")
     assert first != second and first.is_dir() and second.is_dir()

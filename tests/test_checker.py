@@ -20,8 +20,8 @@ from hermes.executor import CANCELLED_RESULT
 from hermes.resume import UNKNOWN_OUTCOME
 from hermes.state import SessionDB
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, ToolRegistry, tool_error
-from supervisor import checker
-from supervisor.checker import (
+from supervisor.chaos import checker
+from supervisor.chaos.checker import (
     CHAOS_TOOLS,
     INVARIANTS,
     UNKNOWN,
@@ -49,8 +49,8 @@ from supervisor.checker import (
     twin_transcript,
     well_formed,
 )
-from supervisor.history import CaseHistory, HistoryWriter, read_history, snapshot_rows
-from supervisor.nemesis import Fault
+from supervisor.chaos.history import CaseHistory, HistoryWriter, read_history, snapshot_rows
+from supervisor.chaos.nemesis import Fault
 from worker import chaos_tools
 from worker.ledger import Ledger
 

@@ -22,8 +22,8 @@ from hermes.executor import SPILL_PREVIEW_CHARS
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import IDEMPOTENT, Tool, ToolContext, registry
-from supervisor.checker import check_structure
-from supervisor.modelserver import Reply, ToolCallSpec, last_user_text, reply_index
+from supervisor.chaos.checker import check_structure
+from testkit.modelserver import Reply, ToolCallSpec, last_user_text, reply_index
 
 SID = "content"
 TOOLSET = "content_tests"

@@ -21,10 +21,11 @@ import psutil
 import pytest
 
 from hermes.state import SessionDB
-from supervisor import daemon_cli, inbox
-from supervisor.checker import check_structure
-from supervisor.daemon import echo_script
-from supervisor.modelserver import Reply, ScriptedModelServer, ToolCallSpec, last_user_text, reply_index
+from supervisor.chaos.checker import check_structure
+from supervisor.daemon import cli as daemon_cli
+from supervisor.daemon import inbox
+from supervisor.daemon.demo import echo_script
+from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, last_user_text, reply_index
 
 REPO = Path(__file__).resolve().parents[1]
 chaos = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
@@ -41,7 +42,7 @@ def _env(tmp_path: Path, extra_path: Path | None = None) -> dict[str, str]:
 
 def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
         timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "supervisor.daemon_cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "supervisor.daemon.cli", *args], cwd=REPO,
                           env=env or _env(tmp_path), capture_output=True, text=True, timeout=timeout)
 
 
@@ -80,7 +81,7 @@ class DaemonProcess:
         self.seen: dict[int, float] = {}
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.daemon_cli", "serve", "--db", str(db), *args], cwd=REPO,
+                [sys.executable, "-m", "supervisor.daemon.cli", "serve", "--db", str(db), *args], cwd=REPO,
                 env=env or _env(tmp_path), stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
         self.pid = self.proc.pid
         try:

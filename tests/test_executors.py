@@ -94,7 +94,7 @@ def agent(db: SessionDB, agent_home: Path, bench: Workbench, recorder, reader: S
     built = AIAgent(api_key="k", base_url="http://127.0.0.1:9/v1", model="scripted-model", session_db=db,
                     session_id=SID, enabled_toolsets=[TOOLSET],
                     tool_complete_callback=lambda call_id, *_: bench.note("shown", call_id))
-    built._current_turn_id = TURN
+    built.start_turn(TURN)
     recorder.on("tool.dispatch.before", lambda ctx: bench.note("dispatch.before", ctx["tool_call_id"]))
     recorder.on("tool.dispatch.after", lambda ctx: bench.note("dispatch.after", ctx["tool_call_id"]))
     recorder.on("flush.committed", lambda _ctx: bench.note(
@@ -168,7 +168,7 @@ def test_plan_segments_groups_consecutive_parallel_calls(agent: AIAgent, bench: 
     kinds = [PARALLEL, PARALLEL, SERIAL, PARALLEL, SERIAL, SERIAL]
     calls = [_call(f"m{i}", name) for i, name in enumerate(kinds)]
 
-    plan = executor.plan_segments(agent, calls)
+    plan = executor.plan_segments(calls)
 
     assert [(kind, [c["id"] for c in part]) for kind, part in plan] == [
         ("parallel", ["m0", "m1"]), ("sequential", ["m2"]), ("parallel", ["m3"]),
@@ -203,7 +203,7 @@ def test_sequential_failed_flush_stops_the_batch(agent: AIAgent, bench: Workbenc
     executor.execute_tool_calls_sequential(agent, _block(calls), messages, "task")
 
     assert agent._incremental_persistence_failed is True
-    assert agent._persistence_failure_cause == "disk"
+    assert agent.turn.failure_cause == "disk"
     assert [cid for kind, cid in bench.events if kind == "run"] == ["f1", "f2"]
     assert [cid for kind, cid in bench.events if kind == "shown"] == ["f1"]
     assert [m["tool_call_id"] for m in durable(SID) if m["role"] == "tool"] == ["f1"]
@@ -234,7 +234,7 @@ def test_failed_dispatch_intent_means_the_tool_never_runs(agent: AIAgent, bench:
     executor.execute_tool_calls_sequential(agent, _block(calls), messages, "task")
 
     assert bench.events == [] and _results(messages) == []
-    assert agent._persistence_failure_cause == "readonly"
+    assert agent.turn.failure_cause == "readonly"
 
 
 class _RecordingPool(ThreadPoolExecutor):

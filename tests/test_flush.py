@@ -174,7 +174,7 @@ def test_closed_database_returns_false_without_raising(agent: AIAgent, db: Sessi
     messages = [{"role": "user", "content": "too late"}]
     assert agent._flush_messages_to_session_db(messages) is False
     assert "_db_persisted" not in messages[0] and "_row_id" not in messages[0]
-    assert agent._persistence_failure_cause is not None
+    assert agent.turn.failure_cause is not None
 
 
 def test_broken_schema_returns_false_and_names_a_cause(agent: AIAgent, db_path: Path) -> None:
@@ -184,8 +184,8 @@ def test_broken_schema_returns_false_and_names_a_cause(agent: AIAgent, db_path: 
     messages = [{"role": "user", "content": "where is my table"}]
     assert agent._flush_messages_to_session_db(messages) is False
     assert "_db_persisted" not in messages[0]
-    assert agent._persistence_failure_cause == "unknown"
-    assert "messages" in (agent._persistence_failure_detail or "")
+    assert agent.turn.failure_cause == "unknown"
+    assert "messages" in (agent.turn.failure_detail or "")
 
 
 def test_failure_mid_batch_writes_nothing(agent: AIAgent, db: SessionDB,
@@ -218,7 +218,7 @@ def test_failure_mid_batch_writes_nothing(agent: AIAgent, db: SessionDB,
     assert inserted == [None, "one"]  # two rows were written inside the transaction, then rolled back
     assert db.get_messages(SID, include_inactive=True) == rows_before
     assert not any("_db_persisted" in m or "_row_id" in m for m in batch)
-    assert agent._persistence_failure_cause == "disk"
+    assert agent.turn.failure_cause == "disk"
 
     monkeypatch.undo()
     assert agent._flush_messages_to_session_db(messages) is True

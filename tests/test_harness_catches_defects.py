@@ -37,9 +37,8 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor import checker
-from supervisor.campaign import FAULT_OPTIONS
-from supervisor.nemesis import Fault
+from supervisor.chaos import checker
+from supervisor.chaos.nemesis import FAULT_OPTIONS, Fault
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 

@@ -26,9 +26,9 @@ from urllib.parse import unquote
 import pytest
 
 from hermes.probes import POINTS
-from supervisor.campaign import case_file_stem
-from supervisor.html_report import PAGE_SIZE, case_status, rebuild, slim_case, witness_rows
-from supervisor.scenarios import SCENARIOS
+from supervisor.chaos.generator import case_file_stem
+from supervisor.chaos.report.html import PAGE_SIZE, case_status, rebuild, slim_case, witness_rows
+from supervisor.chaos.scenarios import SCENARIOS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFECTS = Path(__file__).resolve().parent / "defects"

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from supervisor.logs import MAX_LINE, MergedLog
+from supervisor.procs.logs import MAX_LINE, MergedLog
 
 CHAOS = (pytest.mark.chaos, pytest.mark.xdist_group("chaos"))
 

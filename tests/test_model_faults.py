@@ -2,7 +2,7 @@
 
 A fault either heals within the SDK's retries (the turn completes) or ends the turn with
 a recorded failure whose reason names it. Either way the durable transcript stays
-well-formed (`supervisor.checker.check_structure`), a tool that already ran is never
+well-formed (`supervisor.chaos.checker.check_structure`), a tool that already ran is never
 run again, and a half-received reply is never taken for an answer. Most faults strike
 the turn's *second* model call, after a tool round, so the transcript they leave has a
 complete tool block in it.
@@ -22,8 +22,8 @@ from workerutil import read_durable, run_worker, worker_argv, worker_env
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import IDEMPOTENT, Tool, ToolContext, registry
-from supervisor.checker import NO_DUPLICATE_ROWS, WELL_FORMED, check_structure
-from supervisor.modelserver import Reply, ScriptedModelServer, ToolCallSpec, turn_script
+from supervisor.chaos.checker import NO_DUPLICATE_ROWS, WELL_FORMED, check_structure
+from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, turn_script
 
 SID = "model-faults"
 TOOLSET = "model_fault_tests"

@@ -1,4 +1,4 @@
-"""Tests for supervisor.modelserver driven through the real openai SDK."""
+"""Tests for testkit.modelserver driven through the real openai SDK."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from supervisor.modelserver import (
+from testkit.modelserver import (
     Reply,
     ScriptedModelServer,
     ToolCallSpec,

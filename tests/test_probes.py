@@ -12,7 +12,7 @@ from hermes import probes
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import Tool, ToolContext, registry
-from supervisor.modelserver import Reply, ToolCallSpec, turn_script
+from testkit.modelserver import Reply, ToolCallSpec, turn_script
 
 TOOLSET = "probe_tests"
 NOT_IN_A_TURN = {"compact.in_txn", "resume.begin", "resume.reconciled"}

@@ -10,7 +10,7 @@ A `hypothesis` state machine drives one session through random sequences of:
 * after a kill, and before anything else, `python -m worker resume`, itself possibly killed.
 
 After every step it checks the durable state: the structural invariants
-(`supervisor.checker.check_structure`), the effect semantics against the effects ledger
+(`supervisor.chaos.checker.check_structure`), the effect semantics against the effects ledger
 (an at_most_once call executed at most once per (turn, tool_call_id), every execution
 behind a durable dispatch intent), and that a worker that was not killed left no turn
 unfinished. When an example ends with a turn still interrupted, it is resumed once more
@@ -41,8 +41,8 @@ from hermes.compaction import SUMMARY_PROMPT
 from hermes.probes import POINTS
 from hermes.state import SessionDB
 from hermes.tools import AT_MOST_ONCE
-from supervisor.checker import check_structure, effect_semantics
-from supervisor.modelserver import Reply, ScriptedModelServer, ToolCallSpec, last_user_text, reply_index
+from supervisor.chaos.checker import check_structure, effect_semantics
+from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, last_user_text, reply_index
 from worker.ledger import Ledger
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]

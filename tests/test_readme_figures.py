@@ -89,3 +89,24 @@ def test_the_bench_part_is_checked_by_shape() -> None:
         assert figures.bench_part_ok(table) and not figures.bench_part_ok(figures.BENCH_ABSENT)
     else:
         assert figures.bench_part_ok(figures.BENCH_ABSENT) and not figures.bench_part_ok(table)
+
+
+def test_the_upstream_block_is_generated_from_the_stored_campaigns() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert text.count(figures.UPSTREAM_BEGIN) == text.count(figures.UPSTREAM_END) == 1
+    assert figures.read_upstream_block(text) == figures.upstream_block(), (
+        "README.md's upstream block differs from docs/figures/upstream.json: run `python scripts/readme_figures.py`")
+
+
+def test_a_changed_upstream_count_changes_the_upstream_block() -> None:
+    import copy
+    import json
+
+    stored = json.loads(figures.UPSTREAM_STORE.read_text(encoding="utf-8"))
+    block = figures.render_upstream(stored)
+    for mode, _ in figures.UPSTREAM_MODES:
+        for target in ("hermes-agent", "hermes"):
+            for key in ("cases", "kills", "no_kill", "violations"):
+                changed = copy.deepcopy(stored)
+                changed["campaigns"][mode][target][key] += 1
+                assert figures.render_upstream(changed) != block, (mode, target, key)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-import hermes.state as state
+import hermes.store.snapshot as snapshot
 from hermes.state import (
     LiveReadUnavailable,
     ReadOnlyOpenError,
@@ -33,9 +33,9 @@ from hermes.state import (
     connect_readonly,
     open_snapshot,
 )
-from supervisor import upstream_schema
-from supervisor.checker import load_durable
-from supervisor.history import snapshot_rows
+from supervisor.chaos.checker import load_durable
+from supervisor.chaos.history import snapshot_rows
+from supervisor.chaos.schema import hermes_agent as upstream_schema
 
 REPO = Path(__file__).resolve().parent.parent
 _CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
@@ -307,14 +307,14 @@ def test_open_snapshot_works_in_a_private_directory_and_removes_it(tmp_path: Pat
     scratch.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(scratch))
     modes: list[int] = []
-    copy = state._copy_into
+    copy = snapshot._copy_into
 
     def recording(sources: list[Path], directory: Path) -> str | None:
         modes.append(stat.S_IMODE(directory.stat().st_mode))
         assert sorted(p.name for p in sources) == ["state.db", "state.db-wal"]  # never the -shm
         return copy(sources, directory)
 
-    monkeypatch.setattr(state, "_copy_into", recording)
+    monkeypatch.setattr(snapshot, "_copy_into", recording)
     open_snapshot(db).close()
     assert modes == [0o700]
     assert list(scratch.iterdir()) == []
@@ -323,7 +323,7 @@ def test_open_snapshot_works_in_a_private_directory_and_removes_it(tmp_path: Pat
 def test_open_snapshot_gives_up_on_a_file_that_keeps_changing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = _killed_writer_db(tmp_path / "data")
     wal = db.parent / "state.db-wal"
-    copy = state._copy_into
+    copy = snapshot._copy_into
     attempts: list[int] = []
 
     def busy_writer(sources: list[Path], directory: Path) -> str | None:
@@ -333,15 +333,15 @@ def test_open_snapshot_gives_up_on_a_file_that_keeps_changing(tmp_path: Path, mo
             fh.write(b"\0")
         return result
 
-    monkeypatch.setattr(state, "_copy_into", busy_writer)
+    monkeypatch.setattr(snapshot, "_copy_into", busy_writer)
     with pytest.raises(ReadOnlyOpenError, match="kept changing"):
         open_snapshot(db)
-    assert len(attempts) == state._SNAPSHOT_ATTEMPTS
+    assert len(attempts) == snapshot._SNAPSHOT_ATTEMPTS
 
 
 def test_open_snapshot_retries_until_a_copy_is_consistent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = _killed_writer_db(tmp_path / "data")
-    copy = state._copy_into
+    copy = snapshot._copy_into
     attempts: list[int] = []
 
     def changed_once(sources: list[Path], directory: Path) -> str | None:
@@ -351,7 +351,7 @@ def test_open_snapshot_retries_until_a_copy_is_consistent(tmp_path: Path, monkey
             os.utime(db, ns=(0, 0))  # the main file changed under the first copy
         return result
 
-    monkeypatch.setattr(state, "_copy_into", changed_once)
+    monkeypatch.setattr(snapshot, "_copy_into", changed_once)
     assert _via_open_snapshot(db) == len(CONTENTS)
     assert len(attempts) == 2
 

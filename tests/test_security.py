@@ -29,8 +29,8 @@ from workerutil import CHORES, REPO, SCRIPT, WorkerProcess, worker_argv, worker_
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import IDEMPOTENT, Tool, registry
-from supervisor.checker import check_structure
-from supervisor.modelserver import Reply, ScriptedModelServer, ToolCallSpec, turn_script
+from supervisor.chaos.checker import check_structure
+from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, turn_script
 
 
 # ---------------------------------------------------------------- the chaos CLI: modes and secrets
@@ -147,7 +147,7 @@ NAMESPACE_PROBE = r"""
 import json, socket, subprocess, sys
 subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 subprocess.run(["ip", "addr", "add", "192.0.2.1/32", "dev", "lo"], check=True)
-from supervisor.modelserver import ScriptedModelServer, turn_script
+from testkit.modelserver import ScriptedModelServer, turn_script
 
 def reach(address, port):
     try:

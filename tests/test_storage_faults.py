@@ -62,9 +62,9 @@ from hermes.resume import resume_interrupted_turn
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, Tool, ToolContext, registry
-from supervisor import storage_faults
-from supervisor.checker import check_structure
-from supervisor.modelserver import Reply, ToolCallSpec, turn_script
+from supervisor.chaos.checker import check_structure
+from supervisor.chaos.nemesis import storage as storage_faults
+from testkit.modelserver import Reply, ToolCallSpec, turn_script
 
 SID = "storage-faults"
 TOOLSET = "storage_fault_tests"
@@ -308,7 +308,7 @@ class ImmutableFile(Fault):
 
 class DamagedPages(Fault):
     """Overwrite every b-tree root page except the schema page, under the running agent
-    (the same damage as the chaos nemesis, supervisor.storage_faults.DamagedPages)."""
+    (the same damage as the chaos nemesis, supervisor.chaos.nemesis.storage.DamagedPages)."""
 
     cause = "corrupt"
 

@@ -16,7 +16,7 @@ from hermes.resume import resume_interrupted_turn
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import Tool, ToolContext, registry
-from supervisor.modelserver import Reply, ToolCallSpec, turn_script
+from testkit.modelserver import Reply, ToolCallSpec, turn_script
 
 TOOLSET = "stream_projection_tests"
 SID = "stream-session"
@@ -190,7 +190,7 @@ def test_resuming_a_running_turn_retracts_first(make_agent, screen: Screen, reco
 
     agent = make_agent(stream=stream)
     ended_under: list[str | None] = []
-    agent.stream_end_callback = lambda outcome, text: (ended_under.append(agent._current_turn_id),
+    agent.stream_end_callback = lambda outcome, text: (ended_under.append(agent.turn.id),
                                                        screen.end(outcome, text))
     result = resume_interrupted_turn(agent)
 

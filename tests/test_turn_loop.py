@@ -14,7 +14,7 @@ from hermes import finalizer
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import Tool, ToolContext, registry
-from supervisor.modelserver import Reply, ToolCallSpec, turn_script
+from testkit.modelserver import Reply, ToolCallSpec, turn_script
 
 TOOLSET = "turn_loop_tests"
 TOOL_NAMES = ("tl_alpha", "tl_beta", "tl_gamma")
@@ -248,7 +248,7 @@ def test_failed_tool_call_flush_ends_the_turn_closed(make_agent, bench: Bench, s
     switch["armed"] = False
     again = agent.run_conversation("just talk")
     assert again["completed"] is True and again["failed"] is False and "failure_reason" not in again
-    assert agent._persistence_failure_cause is None
+    assert agent.turn.failure_cause is None
 
 
 def test_failed_first_write_means_no_model_call(make_agent, server, durable,
@@ -362,7 +362,7 @@ def test_unknown_tool_and_bad_arguments_are_answered_not_run(make_agent, bench: 
 # ---------------------------------------------------------------- finalize_turn
 def test_finalize_uses_streamed_text_for_a_blank_answer_row(make_agent, db: SessionDB) -> None:
     agent = make_agent()
-    agent._current_turn_id = "turn-final"
+    agent.start_turn("turn-final")
     db.create_session("turn-session")
     messages = [{"role": "user", "content": "say something", "_turn_id": "turn-final"},
                 {"role": "assistant", "content": "", "_turn_id": "turn-final"}]

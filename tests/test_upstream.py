@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from hermes.probes import POINTS
-from supervisor import cli, upstream_schema
-from supervisor.checker import check_structure
-from worker import upstream
+from supervisor import cli
+from supervisor.chaos.checker import check_structure
+from supervisor.chaos.schema import hermes_agent as upstream_schema
+from worker.targets import hermes_agent as upstream
 
 
 def _upstream_like_db(path: Path, rows: list[tuple[str, str | None, str | None, str | None]]) -> Path:
@@ -76,7 +77,7 @@ needs_upstream = pytest.mark.skipif(not upstream.available(),
 @pytest.mark.chaos
 @needs_upstream
 def test_one_upstream_case_end_to_end(tmp_path: Path) -> None:
-    from supervisor.campaign import Campaign, CampaignConfig
+    from supervisor.chaos.campaign import Campaign, CampaignConfig
 
     config = CampaignConfig(scenarios=["single-tool"], jobs=1, workdir=tmp_path, keep=True, target="hermes-agent",
                             case_ids=("single-tool/probe:self@callback.tool_complete.before:1@t0p0",))
@@ -92,7 +93,8 @@ def test_one_upstream_case_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.chaos
 @needs_upstream
 def test_the_adapter_places_the_model_flush_txn_and_resume_probes(tmp_path: Path) -> None:
-    from supervisor.campaign import Campaign, CampaignConfig, case_file_stem
+    from supervisor.chaos.campaign import Campaign, CampaignConfig
+    from supervisor.chaos.generator import case_file_stem
 
     in_txn = "single-tool/probe:self@flush.in_txn:2@t0p0+probe:self@resume.reconciled:1@t0p1"
     chunk = "single-tool/probe:self@model.chunk:3@t0p0+probe:self@resume.begin:1@t0p1"

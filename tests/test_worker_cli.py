@@ -27,7 +27,7 @@ from workerutil import (
 )
 
 from hermes.state import SessionDB
-from supervisor.modelserver import ScriptedModelServer
+from testkit.modelserver import ScriptedModelServer
 
 UNUSED_URL = "http://127.0.0.1:9/v1"  # argument errors are found before any model call
 

@@ -36,7 +36,7 @@ from workerutil import (
     worker_env,
 )
 
-from supervisor.modelserver import ScriptedModelServer
+from testkit.modelserver import ScriptedModelServer
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hermes.state import SessionDB
-from supervisor.modelserver import Reply, ToolCallSpec, turn_script
+from testkit.modelserver import Reply, ToolCallSpec, turn_script
 from worker.ledger import Ledger
 from worker.protocol import Channel, ChannelClosed
 

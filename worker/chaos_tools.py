@@ -26,6 +26,8 @@ from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, Tool, ToolContext, registry, 
 from worker.ledger import Ledger
 
 TOOLSET = "chaos"
+# The names `install` registers (a worker checks them against other toolsets before installing).
+TOOL_NAMES = ("lookup", "slow_lookup", "set_value", "append_note", "broken_tool", "restart_agent")
 
 # Called with a description of an effect just before it happens; the worker wires it to
 # its supervisor, which checks at that instant that the request for it is durable.

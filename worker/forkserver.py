@@ -27,6 +27,7 @@ import hermes.resume  # noqa: F401
 import hermes.runner  # noqa: F401
 from worker import main as worker_main
 from worker.protocol import Channel, recv_with_fds
+from worker.targets import hermes as hermes_target
 
 _WARM_UP_REPLY = {
     "id": "warm-up", "object": "chat.completion", "created": 0, "model": "warm-up",
@@ -51,7 +52,7 @@ def warm_up() -> None:
 
     The SDK imports its HTTP stack when the first client is built and its chat resources
     and stream parser on the first request; a TLS context costs a CA-store load. So: build
-    the shared TLS context (worker.main.http_client), then run one plain and one streamed
+    the shared TLS context (worker.targets.hermes.http_client), then run one plain and one streamed
     model call through an in-memory transport (no socket, no thread, no database), and
     import the codec getaddrinfo needs for a host name. Best effort: a failure here only
     leaves the workers as slow as fresh ones.
@@ -60,10 +61,10 @@ def warm_up() -> None:
         import encodings.idna  # noqa: F401  (socket.getaddrinfo encodes host names with it)
 
         worker_main._parser()
-        shared = worker_main.http_client("http://127.0.0.1:9/v1", 60.0)
+        shared = hermes_target.http_client("http://127.0.0.1:9/v1", 60.0)
         if shared is not None:
             shared.close()
-        httpx = worker_main.sdk_http_module()
+        httpx = hermes_target.sdk_http_module()
 
         def reply(request):  # type: ignore[no-untyped-def]
             if json.loads(request.content).get("stream"):

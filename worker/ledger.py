@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from hermes import state
-from hermes.state import retry_on_busy
+from hermes.private_files import create_private_file
+from hermes.state import open_snapshot, retry_on_busy
 
 _T = TypeVar("_T")
 
@@ -63,10 +63,9 @@ class Ledger:
             # A checker must never change the evidence it judges: no file is created, and the
             # original is never opened read-write (not even to recover a killed writer's WAL).
             # A missing or unreadable file raises a sqlite3.DatabaseError (ReadOnlyOpenError).
-            self._conn = state.open_snapshot(self.path)
+            self._conn = open_snapshot(self.path)
             return
-        if not self.path.exists():
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        create_private_file(self.path)
         # SQLite's own busy handler waits only briefly; the retry loop below owns the budget, so
         # kinds of SQLITE_BUSY that the handler never waits on are retried too.
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,

@@ -26,7 +26,6 @@ class SupervisorLink:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.plan: KillPlan | None = None
-        self._plan_received = threading.Event()
         self.released = threading.Event()
         self.finished = False  # set once the outcome is sent; after that a closed channel is expected
         threading.Thread(target=self._read_loop, name="supervisor-link", daemon=True).start()
@@ -44,14 +43,12 @@ class SupervisorLink:
                 elif kind == "plan":
                     if message.get("kill_at"):
                         self.plan = KillPlan.parse(message["kill_at"], message.get("mode", "self"))
-                    self._plan_received.set()
                 elif kind == "continue":
                     self.released.set()
         except ChannelClosed:
             pass
         finally:
             self._closed.set()
-            self._plan_received.set()
             with self._lock:
                 for event in self._waiting.values():
                     event.set()
@@ -59,9 +56,6 @@ class SupervisorLink:
             if not self.finished:
                 # The supervisor is gone (killed or exited): an unsupervised worker must not go on.
                 os.kill(os.getpid(), signal.SIGKILL)
-
-    def wait_for_plan(self, timeout: float) -> None:
-        self._plan_received.wait(timeout)
 
     def report(self, message: dict[str, Any]) -> None:
         self.channel.send(message)

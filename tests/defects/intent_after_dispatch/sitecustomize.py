@@ -1,6 +1,6 @@
 """Deliberate defect: a tool call's dispatch intent is recorded after the tool ran.
 
-Loaded only by worker processes (see `worker_only.is_worker`). The executors ask the agent to
+Loaded only by worker processes (see `worker_only.is_worker`). The executors ask the turn to
 record the dispatch intents of the calls they are about to run; here that request only
 remembers the calls, and each intent is written together with its call's result, once the
 tool has returned (as if "dispatched" meant "dispatched and finished"). Every tool therefore
@@ -18,22 +18,22 @@ DEFECT = "intent-after-dispatch"
 
 def _arm() -> None:
     from hermes import executor
-    from hermes.runner import AIAgent
+    from hermes.turn import Turn
 
-    record_now = AIAgent._record_dispatch_intents
+    record_now = Turn.record_intents
     finish_call = executor._finish_call
 
     def remember_intents(self, calls):
         self.__dict__.setdefault("_intents_not_yet_recorded", {}).update((c["id"], c) for c in calls)
         return True  # claims the intents are durable; nothing was written
 
-    def record_with_result(agent, call, args, raw_result, messages):
-        deferred = agent.__dict__.setdefault("_intents_not_yet_recorded", {})
-        if deferred.pop(call["id"], None) is not None and not record_now(agent, [call]):
+    def record_with_result(turn, call, args, raw_result, messages):
+        deferred = turn.__dict__.setdefault("_intents_not_yet_recorded", {})
+        if deferred.pop(call["id"], None) is not None and not record_now(turn, [call]):
             return False
-        return finish_call(agent, call, args, raw_result, messages)
+        return finish_call(turn, call, args, raw_result, messages)
 
-    AIAgent._record_dispatch_intents = remember_intents
+    Turn.record_intents = remember_intents
     executor._finish_call = record_with_result
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 

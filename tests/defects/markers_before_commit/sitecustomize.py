@@ -20,10 +20,10 @@ DEFECT = "markers-before-commit"
 
 
 def _arm() -> None:
-    from hermes.runner import AIAgent
+    from hermes.turn import Turn
 
     log = logging.getLogger("hermes.runner")
-    write = AIAgent._write
+    write = Turn.write
 
     def stamp_then_write(self, pending, start_turn=None):
         for msg in pending:
@@ -36,7 +36,7 @@ def _arm() -> None:
                 return True
             raise
 
-    AIAgent._write = stamp_then_write
+    Turn.write = stamp_then_write
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 
 

@@ -16,9 +16,9 @@ DEFECT = "no-flush-before-dispatch"
 
 
 def _arm() -> None:
-    from hermes.runner import AIAgent
+    from hermes.turn import Turn
 
-    original = AIAgent._flush_incremental
+    original = Turn.flush
 
     def skip_tool_call_block(self, messages):
         tail = messages[-1] if messages else None
@@ -27,7 +27,7 @@ def _arm() -> None:
             return True  # claims success; nothing was written
         return original(self, messages)
 
-    AIAgent._flush_incremental = skip_tool_call_block
+    Turn.flush = skip_tool_call_block
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 
 

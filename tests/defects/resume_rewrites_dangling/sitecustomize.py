@@ -19,30 +19,19 @@ from worker_only import is_worker  # noqa: E402
 DEFECT = "resume-rewrites-dangling"
 
 
-def _unanswered_block(messages, turn_id):
-    """(the trailing assistant tool-call message of `turn_id`, ids of its calls that have results)."""
-    answered = set()
-    for msg in reversed(messages):
-        if msg.get("role") == "tool":
-            answered.add(msg.get("tool_call_id"))
-            continue
-        if msg.get("role") == "assistant" and msg.get("tool_calls") and msg.get("_turn_id") == turn_id:
-            return msg, answered
-        break
-    return None, answered
-
-
 def _arm() -> None:
     import hermes.resume
+    from hermes.transcript import trailing_tool_block
 
     original = hermes.resume.resume_interrupted_turn
 
     def strip_dangling_calls_then_resume(agent, **kwargs):
-        db = agent._session_db
+        db = agent.session_db
         turn = db.running_turn(agent.session_id) if db is not None else None
         if turn is not None:
-            block, answered = _unanswered_block(db.load_live_messages(agent.session_id), turn["id"])
-            if block is not None and any(c["id"] not in answered for c in block["tool_calls"]):
+            block, answered = trailing_tool_block(db.load_live_messages(agent.session_id))
+            if (block is not None and block.get("_turn_id") == turn["id"]
+                    and any(c["id"] not in answered for c in block["tool_calls"])):
                 kept = [c for c in block["tool_calls"] if c["id"] in answered]
                 db._execute_write(lambda conn: conn.execute(
                     "UPDATE messages SET tool_calls = ? WHERE id = ?",

@@ -21,7 +21,7 @@ def _arm() -> None:
     import hermes.resume
     from hermes.state import SessionDB
 
-    last_tool_block = hermes.resume._last_tool_block
+    trailing_tool_block = hermes.resume.trailing_tool_block
     running_turn = SessionDB.running_turn
     resuming = {}  # what recovery is working on: the database and the running turn it read
 
@@ -33,14 +33,14 @@ def _arm() -> None:
         return turn
 
     def dispatched_counts_as_answered(messages):
-        block, answered = last_tool_block(messages)
+        block, answered = trailing_tool_block(messages)
         if block is not None and resuming:
             intents = resuming["db"].get_dispatches(resuming["session"], resuming["turn"])
             answered = answered | {i["tool_call_id"] for i in intents}
         return block, answered
 
     SessionDB.running_turn = remember_running_turn
-    hermes.resume._last_tool_block = dispatched_counts_as_answered
+    hermes.resume.trailing_tool_block = dispatched_counts_as_answered
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 
 

@@ -17,12 +17,12 @@ DEFECT = "storage-failure-swallowed"
 
 
 def _arm() -> None:
-    import worker.main
+    import worker.targets.hermes
 
     def nothing_to_resume(args, exc):
         return {"outcome": "nothing to resume", "session": args.session}
 
-    worker.main._storage_failure = nothing_to_resume
+    worker.targets.hermes._storage_failure = nothing_to_resume
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 
 

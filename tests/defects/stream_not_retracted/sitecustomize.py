@@ -3,7 +3,7 @@
 Loaded only by worker processes (see `worker_only.is_worker`). Streamed deltas are
 provisional: a reply ends in a "commit" once its row is durable, or in a "retract". A worker
 killed mid-stream can do neither, so the worker that resumes the turn must first retract,
-unconditionally, whatever was streamed for it (`AIAgent._retract_turn_stream`, called by
+unconditionally, whatever was streamed for it (`Turn.retract_stream`, called by
 recovery). Here that retraction only forgets the stream locally and tells the client
 nothing: the killed worker's partial text stays on screen, neither committed nor
 retracted. The checker must report `stream-honesty`.
@@ -18,15 +18,15 @@ DEFECT = "stream-not-retracted"
 
 
 def _arm() -> None:
-    from hermes.runner import AIAgent
+    from hermes.turn import Turn
 
-    if not hasattr(AIAgent, "_retract_turn_stream"):
-        raise RuntimeError("hermes.runner.AIAgent has no _retract_turn_stream to break")
+    if not hasattr(Turn, "retract_stream"):
+        raise RuntimeError("hermes.turn.Turn has no retract_stream to break")
 
     def forget_without_retracting(self):
-        self._stream_open = False  # the client is never told
+        self.stream_open = False  # the client is never told
 
-    AIAgent._retract_turn_stream = forget_without_retracting
+    Turn.retract_stream = forget_without_retracting
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 
 

@@ -17,18 +17,18 @@ DEFECT = "ui-before-flush"
 
 
 def _arm() -> None:
-    from hermes.runner import AIAgent
+    from hermes.turn import Turn
 
-    original = AIAgent._flush_incremental
+    original = Turn.flush
 
     def flush_after_showing(self, messages):
         tail = messages[-1] if messages else None
         if (tail is not None and tail.get("role") == "assistant" and tail.get("tool_calls")
                 and tail.get("content") and not tail.get("_db_persisted")):
-            self._project_interim(tail["content"], already_streamed=False)
+            self.show_interim(tail["content"], already_streamed=False)
         return original(self, messages)
 
-    AIAgent._flush_incremental = flush_after_showing
+    Turn.flush = flush_after_showing
     print(f"defect armed: {DEFECT}", file=sys.stderr, flush=True)
 
 

@@ -1,0 +1,32 @@
+"""Benchmarks: what durability and chaos cost, measured (`python -m bench`, `scripts/bench.py`,
+`hermes-supervisor bench`).
+
+Every figure is printed next to a reference measured in the same run on the same
+machine, as a ratio, with its target and PASS/FAIL. Timings are medians of repeated
+runs; paired measurements are interleaved (A B A B ...) so drift and noise from other
+load hit both sides alike.
+
+    flush        one message appended by AIAgent._flush_messages_to_session_db to a leased
+                 session with 10 prior rows, against a bare BEGIN IMMEDIATE; INSERT; COMMIT
+                 of the same row (same columns, same values) into a table of the same schema
+                 (all of SessionDB's tables and indexes, same pragmas) in a file of its own in
+                 the same directory, with raw sqlite3 calls; again against a minimal 2-column
+                 table (informative). At synchronous=FULL and NORMAL. After each sample both
+                 sides delete the row they added (untimed), so every sample appends to exactly
+                 10 prior rows.
+    growth       the same flush with 10,000 prior rows against 10 prior rows.
+    upstream     upstream hermes-agent's flush on the same workload, when it is installed.
+    resume       resume_interrupted_turn on a 10,000-row session whose running turn ends in
+                 its user row, until the model.request probe (load + reconcile + building the
+                 request); reference: a bare SELECT of the same rows.
+    recovery     SIGKILL of a worker blocked at tool.dispatch.after -> the resumed worker's next
+                 model request arriving at the scripted model server, through Pool(forkserver=True)
+                 against Pool(forkserver=False).
+    campaign     exhaustive chaos cases per second per scenario (Campaign in-process, jobs=2);
+                 reference: no-op worker cycles per second through the same kind of pool.
+    daemon       turns per second and p50/p99 latency through `hermes-supervisor serve`.
+    memory       supervisor RSS at 10%, 50%, 100% of a random campaign; worker RSS.
+
+One module per benchmark; `bench.table` holds the figures and prints them, `bench.cli`
+parses the arguments and runs the sections. Nothing under supervisor/ imports this package.
+"""

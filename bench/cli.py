@@ -1,0 +1,135 @@
+"""`python -m bench` / `scripts/bench.py` / `hermes-supervisor bench`: run the benchmarks, print the table.
+
+    python -m bench [--quick] [--long] [--only flush,resume,...] [--dir PATH] [--json PATH] [--strict]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from bench.campaign import bench_campaign
+from bench.daemon import bench_daemon
+from bench.flush import bench_flush
+from bench.memory import bench_memory
+from bench.recovery import bench_recovery
+from bench.resume import bench_resume
+from bench.table import Figure, Report, machine_info, render
+from bench.upstream import bench_upstream
+from supervisor.chaos.scenarios import SCENARIOS
+
+
+@dataclass
+class Sizes:
+    flush: dict[str, int]
+    growth: int
+    resume_rows: int
+    resume_runs: int
+    recovery_fork: int
+    recovery_fresh: int
+    campaign_scenarios: list[str] | None  # None: all
+    campaign_limit: int | None
+    noop_cycles: int
+    daemon_turns: int
+    memory_runs: int
+    upstream: int
+
+
+def sizes_for(quick: bool, long: bool) -> Sizes:
+    if quick:
+        return Sizes(flush={"NORMAL": 200, "FULL": 40}, growth=200, resume_rows=10_000, resume_runs=3,
+                     recovery_fork=3, recovery_fresh=1, campaign_scenarios=["single-tool"], campaign_limit=5,
+                     noop_cycles=4, daemon_turns=8, memory_runs=12, upstream=50)
+    return Sizes(flush={"NORMAL": 4000, "FULL": 600}, growth=3000, resume_rows=10_000, resume_runs=9,
+                 recovery_fork=25, recovery_fresh=5, campaign_scenarios=None, campaign_limit=None,
+                 noop_cycles=40, daemon_turns=200, memory_runs=5000 if long else 300, upstream=400)
+
+
+SECTIONS = ("flush", "upstream", "resume", "recovery", "campaign", "daemon", "memory")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="small sample counts (a smoke run, not a measurement)")
+    parser.add_argument("--long", action="store_true", help="the memory check over a 5,000-case random campaign")
+    parser.add_argument("--only", default=None, metavar="LIST",
+                        help=f"comma-separated sections to run, of: {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--dir", type=Path, default=None, metavar="PATH",
+                        help="where the databases live (default: the system temp directory)")
+    parser.add_argument("--jobs", type=int, default=2, help="campaign parallelism (default 2)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--strict", action="store_true", help="exit 1 if any figure FAILs")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench as `args` asks; print the table. 0 when it ran (FAILs included unless --strict)."""
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    only = set(SECTIONS if not args.only else (s.strip() for s in args.only.split(",") if s.strip()))
+    unknown = only - set(SECTIONS)
+    if unknown:
+        print(f"bench: error: unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(SECTIONS)}",
+              file=sys.stderr)
+        return 2
+    base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
+    if not base.is_dir():
+        print(f"bench: error: --dir {base} is not a directory", file=sys.stderr)
+        return 2
+    bench_dir = Path(tempfile.mkdtemp(prefix="hermes-bench-", dir=base))
+    sizes = sizes_for(args.quick, args.long)
+    report = Report(machine=machine_info(bench_dir))
+    started = time.monotonic()
+
+    def section(name: str, fn: Callable[[], Any]) -> Any:
+        if name not in only:
+            return None
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001  (one broken section must not hide the others)
+            report.add(Figure(f"{name}: error", None, "", note=f"{type(exc).__name__}: {exc}"))
+            return None
+        finally:
+            print(f"bench: {name} took {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+
+    try:
+        section("flush", lambda: bench_flush(report, bench_dir, sizes.flush, sizes.growth))
+        section("upstream", lambda: bench_upstream(report, bench_dir, sizes.upstream))
+        section("resume", lambda: bench_resume(report, bench_dir, sizes.resume_rows, sizes.resume_runs))
+        fork = section("recovery", lambda: bench_recovery(report, bench_dir, sizes.recovery_fork,
+                                                          sizes.recovery_fresh)) or []
+        scenarios = sizes.campaign_scenarios or sorted(SCENARIOS, key=lambda s: (s != "single-tool", s))
+        section("campaign", lambda: bench_campaign(report, bench_dir, scenarios, args.jobs, sizes.campaign_limit,
+                                                   sizes.noop_cycles))
+        section("daemon", lambda: bench_daemon(report, bench_dir, sizes.daemon_turns, 4, 8,
+                                               timeout=120.0 if args.quick else 600.0,
+                                               noop_cycles=sizes.noop_cycles))
+        section("memory", lambda: bench_memory(report, bench_dir, sizes.memory_runs, args.jobs, fork))
+    finally:
+        shutil.rmtree(bench_dir, ignore_errors=True)
+    try:
+        report.machine["load(1m) at end"] = "%.2f" % os.getloadavg()[0]
+    except OSError:
+        pass
+    report.notes.append(f"mode: {'quick (smoke sizes, not a measurement)' if args.quick else 'full'}"
+                        f"{', long memory campaign' if args.long else ''}; took {time.monotonic() - started:.0f}s")
+    print(render(report), flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"machine": report.machine, "notes": report.notes,
+                                         "figures": [f.__dict__ | {"result": f.verdict()} for f in report.figures]},
+                                        indent=2, default=str), encoding="utf-8")
+    failed = any(f.verdict() == "FAIL" for f in report.figures)
+    return 1 if (args.strict and failed) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run(args)

@@ -1,0 +1,149 @@
+"""recovery: SIGKILL of a worker -> the resumed worker's model request, forked and fresh."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from bench.table import Figure, Report, median
+from supervisor.chaos.scenarios import MODEL, SCENARIOS, SESSION, campaign_script
+from supervisor.procs.pool import Pool
+from testkit.modelserver import ScriptedModelServer
+
+RECOVERY_SCENARIO = "single-tool"
+RECOVERY_KILL_AT = "tool.dispatch.after"
+
+
+class _Arrivals:
+    """Wraps a model script to record when each request arrives (time.monotonic, system-wide)."""
+
+    def __init__(self, script: Callable[[list[dict]], Any]) -> None:
+        self.script = script
+        self.times: list[float] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, messages: list[dict]) -> Any:
+        now = time.monotonic()
+        with self.cond:
+            self.times.append(now)
+            self.cond.notify_all()
+        return self.script(messages)
+
+    def first_after(self, t: float, timeout: float) -> float | None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                later = [x for x in self.times if x > t]
+                if later:
+                    return min(later)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+
+
+@dataclass
+class RecoverySample:
+    kill_to_request_ms: float
+    worker_rss_mib: float | None
+    worker_uss_mib: float | None
+    resumed_ok: bool
+
+
+def worker_args(db: Path, ledger: Path, base_url: str, command: str, extra: list[str]) -> list[str]:
+    return [command, "--db", str(db), "--session", SESSION, "--base-url", base_url, "--model", MODEL,
+            "--ledger", str(ledger), "--timeout", "20", "--busy-budget", "2", *extra]
+
+
+def recovery_cycle(pool: Any, work: Path, base_url: str, arrivals: _Arrivals,
+                   timeout: float = 60.0) -> RecoverySample:
+    """One kill -> resume cycle with real processes; see the module docstring."""
+    scenario = SCENARIOS[RECOVERY_SCENARIO]
+    work.mkdir(parents=True, exist_ok=True)
+    db, ledger = work / "state.db", work / "effects.db"
+    killed = threading.Event()
+    kill_time: list[float] = []
+    rss: list[tuple[float | None, float | None]] = []
+    outcome: list[dict[str, Any]] = []
+
+    def on_message(proc: Any, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind in ("ui", "effect"):
+            proc.send({"type": "ack", "seq": msg["seq"]})
+        elif kind == "probe" and msg.get("kill"):
+            # External kill mode: the worker now blocks at the kill point until we kill it.
+            rss.append(_rss_of(proc.pid))
+            kill_time.append(time.monotonic())
+            proc.kill("bench")
+            killed.set()
+        elif kind == "outcome":
+            outcome.append(msg.get("result") or {})
+
+    turn = scenario.turns[0]
+    first = pool.spawn(worker_args(db, ledger, base_url, "run",
+                                    ["--message", turn.message, "--turn-id", "turn-0", "--kill-at", RECOVERY_KILL_AT,
+                                     "--kill-mode", "external"]),
+                       incarnation=1, on_message=on_message)
+    if not killed.wait(timeout):
+        first.kill("bench-timeout")
+        first.wait(10)
+        raise RuntimeError(f"the worker never reached {RECOVERY_KILL_AT}")
+    first.wait(timeout)  # the reaper saw it die
+    second = pool.spawn(worker_args(db, ledger, base_url, "resume", []), incarnation=2, on_message=on_message)
+    arrived = arrivals.first_after(kill_time[0], timeout)
+    if not second.wait(timeout):
+        second.kill("bench-timeout")
+        second.wait(10)
+    if arrived is None:
+        raise RuntimeError("the resumed worker never sent its model request")
+    ok = bool(outcome) and outcome[-1].get("outcome") == "completed"
+    return RecoverySample((arrived - kill_time[0]) * 1000, *rss[0], ok)
+
+
+def _rss_of(pid: int) -> tuple[float | None, float | None]:
+    try:
+        info = psutil.Process(pid).memory_full_info()
+        return info.rss / 2**20, info.uss / 2**20
+    except Exception:
+        return None, None
+
+
+def measure_recovery(forkserver: bool, runs: int, bench_dir: Path, warmup: int = 1) -> list[RecoverySample]:
+    root = Path(tempfile.mkdtemp(prefix=f"recovery-{'fork' if forkserver else 'fresh'}-", dir=bench_dir))
+    arrivals = _Arrivals(campaign_script([SCENARIOS[RECOVERY_SCENARIO]]))
+    pool = Pool(forkserver=forkserver)
+    samples = []
+    try:
+        with ScriptedModelServer(arrivals, model=MODEL) as server:
+            for i in range(warmup + runs):
+                sample = recovery_cycle(pool, root / f"run-{i}", server.base_url, arrivals)
+                if i >= warmup:
+                    samples.append(sample)
+    finally:
+        pool.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return samples
+
+
+def bench_recovery(report: Report, bench_dir: Path, fork_runs: int, fresh_runs: int) -> list[RecoverySample]:
+    fork = measure_recovery(True, fork_runs, bench_dir)
+    fresh = measure_recovery(False, fresh_runs, bench_dir)
+    f_ms = median([s.kill_to_request_ms for s in fork])
+    r_ms = median([s.kill_to_request_ms for s in fresh])
+    bad = sum(not s.resumed_ok for s in fork + fresh)
+    note = (f"SIGKILL at {RECOVERY_KILL_AT} ({RECOVERY_SCENARIO}) -> resumed worker's model request at the server; "
+            f"median of {len(fork)} forked / {len(fresh)} fresh cycles")
+    if bad:
+        note += f"; {bad} resumed turn(s) did not complete"
+    report.add(Figure("recovery: kill -> resumed model request, fork server", f_ms, "ms", r_ms,
+                      ratio=f_ms / r_ms, target="<= 30 ms", passed=f_ms <= 30.0 and not bad, note=note))
+    report.add(Figure("recovery: fresh interpreter vs fork server", r_ms, "ms", f_ms,
+                      ratio=r_ms / f_ms, target=">= 15x", passed=r_ms / f_ms >= 15.0,
+                      note="the same cycle through Pool(forkserver=False): a new `python -m worker` per resume"))
+    return fork

@@ -1,0 +1,274 @@
+"""Effects: tools ran as often as the contract allows, and every durable result tells the truth.
+
+effect-semantics (counted against the effects ledger) and result-fidelity (each result
+against what its tool returns when run cleanly, and each answer against the script).
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Callable, Collection, Sequence
+
+from hermes.executor import CANCELLED_RESULT
+from hermes.resume import UNKNOWN_OUTCOME
+from hermes.tools import AT_MOST_ONCE, IDEMPOTENT
+from supervisor.chaos.checker.evidence import (
+    DB,
+    QUOTE,
+    as_durable,
+    brief,
+    final_answers,
+    load_executions,
+    of_type,
+    turn_brief,
+    unreadable,
+)
+from supervisor.chaos.checker.verdict import (
+    CONTRACT,
+    DAMAGE,
+    EFFECT_SEMANTICS,
+    NO_LEDGER,
+    RESULT_FIDELITY,
+    Verdict,
+    Violation,
+    unknown_verdict,
+    verdict_of,
+)
+from supervisor.chaos.durable import Durable
+from supervisor.chaos.scenarios import Expectation
+from supervisor.targets import FULL_PROMISES, Promises
+from worker.chaos_tools import clean_results
+
+# The tools of worker/chaos_tools.py: each records every real execution in the ledger,
+# so for them "a result that claims success" implies "an execution row exists". Other
+# tools (read_file, ...) never touch the ledger and cannot be judged that way.
+# tests/test_checker.py keeps this in step with the chaos tool set.
+CHAOS_TOOLS = frozenset({"lookup", "slow_lookup", "set_value", "append_note", "broken_tool", "restart_agent"})
+
+
+def _call_key(session: Any, turn: Any, call_id: Any) -> tuple[str, str, str]:
+    # Intents store a missing turn as "", rows and the ledger as NULL: one spelling for both.
+    return (session or "", turn or "", call_id or "")
+
+
+def _result_kind(content: Any) -> str:
+    """What a tool row claims: "unknown" (outcome unknown), "error", "cancelled" or "success"."""
+    parsed = content
+    if isinstance(content, str):
+        try:
+            parsed = json.loads(content)
+        except ValueError:
+            parsed = None
+    if isinstance(parsed, dict):
+        if parsed.get("status") == "outcome_unknown":
+            return "unknown"
+        if "error" in parsed:
+            return "error"
+    if isinstance(content, str):
+        # A spilled result keeps only a preview, which no longer parses as JSON.
+        if '"status": "outcome_unknown"' in content or '"status":"outcome_unknown"' in content:
+            return "unknown"
+        if content.startswith(CANCELLED_RESULT):
+            return "cancelled"
+    return "success"
+
+
+CallKey = tuple[str, str, str]
+
+
+def _by_call(executions: list[dict[str, Any]], d: Durable) -> tuple[
+        dict[CallKey, list[dict[str, Any]]], dict[CallKey, list[dict[str, Any]]], dict[CallKey, list[dict[str, Any]]]]:
+    """Per tool call: its executions (ledger), its dispatch intents and its original result rows."""
+    runs: dict[CallKey, list[dict[str, Any]]] = defaultdict(list)
+    for e in executions:
+        if e.get("session_id") is not None:  # a tool run outside any session answers no call
+            runs[_call_key(e["session_id"], e["turn_id"], e["tool_call_id"])].append(e)
+    intents: dict[CallKey, list[dict[str, Any]]] = defaultdict(list)
+    for i in d.dispatches:
+        intents[_call_key(i["session_id"], i["turn_id"], i["tool_call_id"])].append(i)
+    # Originals only: a compaction clone repeats a result, it does not record a second one.
+    results: dict[CallKey, list[dict[str, Any]]] = defaultdict(list)
+    for row in d.rows:
+        if row["role"] == "tool" and row["cloned_from"] is None:
+            results[_call_key(row["session_id"], row["turn_id"], row["tool_call_id"])].append(row)
+    return runs, intents, results
+
+
+def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
+                     events: Sequence[dict[str, Any]] = (), *,
+                     ledgered_tools: Collection[str] = CHAOS_TOOLS,
+                     promises: Promises = FULL_PROMISES) -> Verdict:
+    """Tool effects, as counted by the effects ledger, match what the transcript claims.
+
+    Per tool call (session, turn, tool_call_id):
+    * an `at_most_once` call executed at most once;
+    * an `idempotent` call executed more than once only under one single idempotency key;
+    * no call executed more often than it was durably dispatched (one intent per dispatch);
+    * a result claiming success for a ledger-recording tool has an execution behind it
+      (so an at_most_once success has exactly one); an error result may have none (the
+      arguments were refused before anything ran);
+    * a result saying the outcome is unknown has a dispatch intent behind it;
+    * a result saying the call was cancelled has no execution behind it;
+    * in a turn that completed ('done'), every dispatched call has a recorded result:
+      an unknown outcome is written down, never dropped.
+
+    Without a readable ledger nothing can be counted, and the answer is unknown. For a
+    target that records no dispatch intents, "ran more often than dispatched" is a CONTRACT
+    violation (it promised none); everything else here is DAMAGE.
+    """
+    d = as_durable(db)
+    if d.error:
+        return unreadable(EFFECT_SEMANTICS, d)
+    executions = load_executions(ledger)
+    if isinstance(executions, str):
+        return unknown_verdict(EFFECT_SEMANTICS, executions, NO_LEDGER)
+    # A tool seen reporting an effect or recording one writes to the ledger, whatever its name.
+    ledgered = set(ledgered_tools) | {e["tool"] for e in executions}
+    ledgered |= {e.get("tool") for e in of_type(events, "effect") if e.get("tool")}
+
+    runs, intents, results = _by_call(executions, d)
+    violations: list[Violation] = []
+
+    def flag(message: str, key: tuple[str, str, str], kind: str = DAMAGE, **witness: Any) -> None:
+        violations.append(Violation(EFFECT_SEMANTICS, message, {
+            "session": key[0], "turn": key[1], "tool_call_id": key[2],
+            "executions": runs.get(key, []), "intents": intents.get(key, []), **witness}, kind))
+
+    for key, done in runs.items():
+        policies = {e["policy"] for e in done} | {i["policy"] for i in intents.get(key, [])}
+        tool = done[0]["tool"]
+        if AT_MOST_ONCE in policies and len(done) > 1:
+            flag(f"at_most_once tool {tool} executed {len(done)} times for call {key[2]}", key)
+        keys = {e["idempotency_key"] for e in done}
+        if IDEMPOTENT in policies and len(done) > 1 and len(keys) > 1:
+            flag(f"idempotent tool {tool} reran for call {key[2]} under {len(keys)} different idempotency keys",
+                 key, idempotency_keys=sorted(map(str, keys)))
+        if len(done) > len(intents.get(key, [])):
+            flag(f"tool {tool} executed {len(done)} time(s) for call {key[2]} but was durably dispatched "
+                 f"{len(intents.get(key, []))} time(s)", key, DAMAGE if promises.dispatch_intents else CONTRACT)
+
+    kinds: Counter[str] = Counter()
+    for key, rows in results.items():
+        for row in rows:
+            kind = _result_kind(row["content"])
+            kinds[kind] += 1
+            tool = row.get("name") or next((i["tool_name"] for i in intents.get(key, [])), None)
+            if kind == "unknown" and not intents.get(key):
+                flag(f"result of call {key[2]} says its outcome is unknown, but it was never dispatched", key,
+                     row=brief(row))
+            elif kind == "success" and tool in ledgered and not runs.get(key):
+                flag(f"result of {tool} call {key[2]} claims success, but the tool never executed", key,
+                     row=brief(row))
+            elif kind == "cancelled" and runs.get(key):
+                flag(f"result of {tool} call {key[2]} says it was cancelled, but the tool executed", key,
+                     row=brief(row))
+
+    done_turns = {t["id"] for t in d.turns if t["state"] == "done"}
+    for key in intents:
+        if key[1] in done_turns and key not in results:
+            flag(f"call {key[2]} was dispatched in completed turn {key[1]} and its outcome was never recorded",
+                 key)
+
+    counts = {"executions": len(executions), "calls_executed": len(runs), "intents": len(d.dispatches),
+              "results": sum(kinds.values()), **{f"results_{k}": n for k, n in sorted(kinds.items())}}
+    return verdict_of(EFFECT_SEMANTICS, violations, counts)
+
+
+def _interrupted(events: Sequence[dict[str, Any]]) -> bool:
+    """Did some worker of the case stop before it could tell how its turn ended (killed,
+    paused and overtaken, or failed on its storage)? Only then may a result be unknown."""
+    return any((e.get("type") == "exit" and (e.get("signal") is not None or e.get("returncode") not in (0, None)))
+               or e.get("type") == "pause" for e in events)
+
+
+def _requested_calls(d: Durable) -> dict[tuple[str, str, str], tuple[str, Any]]:
+    """(session, turn, call id) -> (tool name, decoded arguments or the raw text) of every
+    call an original assistant row asked for."""
+    calls: dict[tuple[str, str, str], tuple[str, Any]] = {}
+    for row in d.rows:
+        if row["role"] != "assistant" or row["cloned_from"] is not None:
+            continue
+        for call in row.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                continue
+            function = call.get("function") or {}
+            raw = function.get("arguments")
+            try:
+                arguments = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
+            except ValueError:
+                arguments = raw
+            calls[_call_key(row["session_id"], row["turn_id"], call.get("id"))] = (function.get("name"), arguments)
+    return calls
+
+
+def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expectation | None = None, *,
+                    oracle: Callable[[str, Any], frozenset[str] | None] = clean_results) -> Verdict:
+    """Every durable result says what really happened, and every completed answer is the script's.
+
+    Each original tool row equals, character for character, a result its tool returns for
+    the call's arguments when run cleanly (`oracle`, the chaos tools' own result builders),
+    unless it is a result the contract allows for that call:
+    * the unknown-outcome result, when the call's dispatch intent is durable and some worker
+      of the case was interrupted (killed, overtaken, or failed on storage);
+    * the cancelled result, when no dispatch intent was ever recorded (the call never started).
+    A harness or runtime error disguised as a tool result (a lost ledger write, a tool that
+    crashed on the harness's own bug) fails here with the row and the clean results as witness.
+    Results of tools the oracle does not know are counted, not judged. When
+    `expect.final_answers` names a text for a turn's position (turns ordered by creation), the
+    completed turn's answer is exactly that text.
+    """
+    d = as_durable(db)
+    if d.error:
+        return unreadable(RESULT_FIDELITY, d)
+    requested = _requested_calls(d)
+    intents = {_call_key(i["session_id"], i["turn_id"], i["tool_call_id"]) for i in d.dispatches}
+    interrupted = _interrupted(events)
+    violations: list[Violation] = []
+    judged = unjudged = allowed = 0
+    for row in d.rows:
+        if row["role"] != "tool" or row["cloned_from"] is not None:
+            continue
+        key = _call_key(row["session_id"], row["turn_id"], row["tool_call_id"])
+        content = row["content"]
+        name, arguments = requested.get(key, (row.get("name"), None))
+        witness = {"row_id": row["id"], "row": brief(row), "tool": name, "arguments": arguments}
+        if content == UNKNOWN_OUTCOME:
+            if key in intents and interrupted:
+                allowed += 1
+            else:
+                why = "it was never dispatched" if key not in intents else "no worker of the case was interrupted"
+                violations.append(Violation(RESULT_FIDELITY, f"call {key[2]} is recorded with an unknown outcome, "
+                                                             f"but {why}", witness))
+            continue
+        if isinstance(content, str) and content.startswith(CANCELLED_RESULT):
+            if key in intents:
+                violations.append(Violation(RESULT_FIDELITY, f"call {key[2]} is recorded as cancelled, but its "
+                                                             "dispatch intent is durable: it may have run", witness))
+            else:
+                allowed += 1
+            continue
+        judgeable = name is not None and key in requested and isinstance(arguments, dict)
+        expected = oracle(name, arguments) if judgeable else None
+        if expected is None:
+            unjudged += 1
+            continue
+        judged += 1
+        if content not in expected:
+            violations.append(Violation(RESULT_FIDELITY, f"the result of {name} call {key[2]} is not what {name} "
+                                                         "returns for these arguments", dict(
+                witness, content=content if not isinstance(content, str) else content[:QUOTE],
+                clean_results=sorted(expected))))
+    expected_answers = expect.final_answers if expect is not None else ()
+    answers = final_answers(d)
+    for index, turn in enumerate(d.turns):
+        given = answers.get(turn["id"], [])
+        if (turn["state"] == "done" and index < len(expected_answers) and expected_answers[index]
+                and len(given) == 1 and given[0]["content"] != expected_answers[index]):
+            violations.append(Violation(RESULT_FIDELITY, f"turn {turn['id']} answered something else than the "
+                                                         "script", {"turn": turn_brief(turn),
+                                                                    "expected": expected_answers[index],
+                                                                    "row_id": given[0]["id"],
+                                                                    "row": brief(given[0])}))
+    return verdict_of(RESULT_FIDELITY, violations, {"results_judged": judged, "results_allowed": allowed,
+                                                    "results_unjudged": unjudged})

@@ -1,0 +1,85 @@
+"""What the invariants read, and how a witness quotes it: the durable state, the effects
+ledger, the history's events, and brief forms of rows and turns a person can follow."""
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from hermes.transcript import is_final_answer
+from supervisor.chaos.checker.verdict import UNREADABLE, Verdict, unknown_verdict
+from supervisor.chaos.durable import Durable, load_durable
+from supervisor.chaos.history import canonical_json
+from worker.ledger import Ledger
+
+# How much of a row's text a witness quotes: enough to recognise it in a report.
+QUOTE = 200
+
+DB = Path | Durable
+
+
+def as_durable(db: DB) -> Durable:
+    return db if isinstance(db, Durable) else load_durable(Path(db))
+
+
+def unreadable(name: str, d: Durable) -> Verdict:
+    return unknown_verdict(name, f"cannot read {d.path}: {d.error}", UNREADABLE)
+
+
+def load_executions(ledger: Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | str:
+    """The ledger's execution rows, or a string saying why there are none to judge by."""
+    if ledger is None:
+        return "no effects ledger was given"
+    if not isinstance(ledger, (str, Path)):
+        return list(ledger)
+    path = Path(ledger)
+    if not path.exists():
+        return f"no effects ledger at {path}"
+    try:
+        handle = Ledger(path, readonly=True)
+    except sqlite3.DatabaseError as exc:
+        return f"cannot open effects ledger {path}: {exc}"
+    try:
+        return handle.executions()
+    except sqlite3.DatabaseError as exc:  # e.g. killed before its schema was committed
+        return f"cannot read effects ledger {path}: {exc}"
+    finally:
+        handle.close()
+
+
+def brief(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as a witness shows it: its identity and the start of what it says."""
+    content = row.get("content")
+    text = content if isinstance(content, str) or content is None else canonical_json(content)
+    calls = row.get("tool_calls") or []
+    return {"id": row["id"], "session": row.get("session_id"), "turn": row.get("turn_id"),
+            "role": row.get("role"), "active": row.get("active"), "cloned_from": row.get("cloned_from"),
+            "tool_call_id": row.get("tool_call_id"),
+            "tool_calls": [c.get("id") for c in calls if isinstance(c, dict)],
+            "content": text[:QUOTE] if isinstance(text, str) else text}
+
+
+def of_type(events: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("type") == kind]
+
+
+def when(event: dict[str, Any]) -> dict[str, Any]:
+    """Where an observation sits in the history, for a witness."""
+    return {k: event.get(k) for k in ("t", "type", "incarnation", "after") if k in event}
+
+
+def turn_brief(turn: dict[str, Any]) -> dict[str, Any]:
+    text = turn.get("user_text")
+    return {"id": turn["id"], "session": turn["session_id"], "state": turn["state"],
+            "attempts": turn.get("attempts"), "error": turn.get("error"),
+            "user_text": text[:QUOTE] if isinstance(text, str) else text}
+
+
+def final_answers(d: Durable) -> dict[str, list[dict[str, Any]]]:
+    """Each turn's final answers: original (not compaction-cloned) assistant rows with text and no tool calls."""
+    answers: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in d.rows:
+        if row["cloned_from"] is None and is_final_answer(row):
+            answers[row["turn_id"]].append(row)
+    return answers

@@ -1,0 +1,147 @@
+"""Liveness: every turn ends, a worker on broken storage fails closed, and every planned fault landed.
+
+turn-liveness, fails-closed and coverage: a case whose fault never landed tested nothing,
+and is "unknown", never a pass.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from signal import SIGKILL
+from typing import Any, Sequence
+
+from supervisor.chaos.checker.evidence import DB, as_durable, of_type, turn_brief, unreadable
+from supervisor.chaos.checker.verdict import (
+    COVERAGE,
+    FAILS_CLOSED,
+    NO_KILL,
+    TURN_LIVENESS,
+    UNFIRED,
+    Verdict,
+    Violation,
+    unknown_verdict,
+    verdict_of,
+)
+from supervisor.chaos.nemesis import Fault
+from supervisor.chaos.scenarios import DEFAULT_MAX_RESTARTS, Expectation
+from worker.protocol import EXIT_TURN_FAILED
+
+
+def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation | None = None) -> Verdict:
+    """Every turn ended ('done' or 'failed', a failure with its reason recorded being an honest end); the
+    database holds exactly `expect.turns` turns; no turn needed more than `expect.max_restarts`
+    resume spawns to get there; and no worker hung until the supervisor killed it for taking
+    too long (a `kill` by "timeout": a turn rescued from a hang still hung).
+    """
+    d = as_durable(db)
+    if d.error:
+        return unreadable(TURN_LIVENESS, d)
+    violations = []
+    for turn in d.turns:
+        if turn["state"] not in ("done", "failed"):
+            violations.append(Violation(TURN_LIVENESS, f"turn {turn['id']} never ended: it is still {turn['state']}",
+                                        {"turn": turn_brief(turn)}))
+        elif turn["state"] == "failed" and not (turn.get("error") or "").strip():
+            violations.append(Violation(TURN_LIVENESS, f"turn {turn['id']} failed without a recorded reason",
+                                        {"turn": turn_brief(turn)}))
+    if expect is not None and len(d.turns) != expect.turns:
+        violations.append(Violation(TURN_LIVENESS, f"expected {expect.turns} turn(s), the database holds {len(d.turns)}",
+                                    {"turns": [turn_brief(t) for t in d.turns]}))
+    limit = expect.max_restarts if expect is not None else DEFAULT_MAX_RESTARTS
+    resumes = [e for e in of_type(events, "spawn") if e.get("command") == "resume"]
+    per_turn = Counter(e.get("turn_id") for e in resumes)
+    for turn_id, n in sorted(per_turn.items(), key=lambda item: str(item[0])):
+        if n > limit:
+            violations.append(Violation(TURN_LIVENESS, f"turn {turn_id} was resumed {n} times (limit {limit})",
+                                        {"turn_id": turn_id, "spawns": [e for e in resumes if e.get("turn_id") == turn_id]}))
+    for hang in of_type(events, "kill"):
+        if hang.get("by") == "timeout":
+            violations.append(Violation(TURN_LIVENESS, f"worker {hang.get('incarnation')} hung until the supervisor "
+                                                       "killed it for taking too long", {"event": hang}))
+    states = Counter(t["state"] for t in d.turns)
+    return verdict_of(TURN_LIVENESS, violations,
+                      {"turns": len(d.turns), **{f"turns_{s}": n for s, n in sorted(states.items())},
+                       "resumes": len(resumes), "max_resumes_per_turn": max(per_turn.values(), default=0)})
+
+
+def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
+    """Every worker started on storage the nemesis had broken (a `storage_fault` event with
+    phase "broken", see supervisor.chaos.nemesis.storage) failed closed: it exited 1 with
+    `failure_reason` "session_persistence_failed:<cause>" for the fault's cause and a
+    person-readable error; it showed nothing and ran no tool; and the transcript it left
+    is the one it found (the row snapshot before the break equals the one after mending).
+    """
+    events = list(events)
+    violations = []
+    broken = [(i, e) for i, e in enumerate(events) if e.get("type") == "storage_fault" and e.get("phase") == "broken"]
+    for index, fault in broken:
+        inc = fault.get("incarnation")
+        mine = [e for e in events if e.get("incarnation") == inc]
+        where = {"storage_fault": fault}
+        for e in mine:
+            if e.get("type") in ("ui", "effect"):
+                violations.append(Violation(FAILS_CLOSED, f"the worker on {fault.get('fault')} storage still "
+                                                          f"{'showed' if e['type'] == 'ui' else 'ran'} something",
+                                            {**where, "event": e}))
+        outcomes = [e.get("result") or {} for e in mine if e.get("type") == "outcome"]
+        result = outcomes[-1] if outcomes else {}
+        if result.get("failure_reason") != fault.get("expect") or not str(result.get("error") or "").strip():
+            violations.append(Violation(FAILS_CLOSED, f"the worker on {fault.get('fault')} storage did not fail as "
+                                                      f"{fault.get('expect')} with an error for a person",
+                                        {**where, "outcome": result or None}))
+        exits = [e for e in mine if e.get("type") == "exit"]
+        if not exits or exits[-1].get("returncode") != EXIT_TURN_FAILED or exits[-1].get("signal") is not None:
+            violations.append(Violation(FAILS_CLOSED, f"the worker on {fault.get('fault')} storage did not exit "
+                                                      f"{EXIT_TURN_FAILED} on its own",
+                                        {**where, "exit": exits[-1] if exits else None}))
+        before = [e for e in events[:index] if e.get("type") == "snapshot"]
+        after = [e for e in events[index:] if e.get("type") == "snapshot" and e.get("after") == "mend"]
+        if not before or not after:
+            violations.append(Violation(FAILS_CLOSED, "no row snapshot on both sides of the storage fault", where))
+        elif (before[-1].get("rows") or {}) != (after[0].get("rows") or {}):
+            old, new = before[-1].get("rows") or {}, after[0].get("rows") or {}
+            changed = sorted((set(old) ^ set(new)) | {k for k in set(old) & set(new) if old[k] != new[k]})
+            violations.append(Violation(FAILS_CLOSED, f"rows changed while storage was {fault.get('fault')}",
+                                        {**where, "row_ids": changed[:20]}))
+    return verdict_of(FAILS_CLOSED, violations, {"storage_faults": len(broken)})
+
+
+def coverage(events: Sequence[dict[str, Any]], planned: Fault | None) -> Verdict:
+    """Every fault planned for the case landed.
+
+    A probe kill landed when the n-th hit of its probe was reported with `kill` True and the
+    worker that reported it was reaped dead of SIGKILL; a timer kill when the supervisor's
+    timer sent SIGKILL and the worker it aimed at was reaped dead of it; a pause when the
+    worker was seen stopped while another took its session over. A probe never reached is
+    unknown ("unfired"); a fault that fired or was aimed but stopped nothing is unknown
+    ("no-kill"). Neither is ever a pass.
+    """
+    probes_hit = of_type(events, "probe")
+    exits = {e.get("incarnation"): e for e in of_type(events, "exit")}
+    counts = {"probe_hits": len(probes_hit), "kills": sum(1 for e in exits.values() if e.get("signal") == SIGKILL)}
+    fault = planned
+    while fault is not None:
+        if fault.kind == "timer":
+            aimed = [e for e in of_type(events, "kill") if e.get("by") == "timer"]
+            if not any(exits.get(e.get("incarnation"), {}).get("signal") == SIGKILL for e in aimed):
+                return unknown_verdict(COVERAGE, f"no-kill: the timer kill {fault.label()} landed on no live worker "
+                                                 "(it had exited before the timer fired)", NO_KILL, counts)
+        else:
+            fired = [e for e in probes_hit if e.get("kill") is True and e.get("name") == fault.probe
+                     and str(e.get("n")) == str(fault.n)]  # n may have crossed JSON as a string
+            if not fired:
+                hits = [e for e in probes_hit if e.get("name") == fault.probe]
+                counts["planned_probe_hits"] = len(hits)
+                return unknown_verdict(COVERAGE, f"planned kill never fired: {fault.point} (that probe was hit "
+                                                 f"{len(hits)} time(s))", UNFIRED, counts)
+            incarnations = {e.get("incarnation") for e in fired}
+            if fault.kind == "pause":
+                landed = any(e.get("stopped") is True and e.get("incarnation") in incarnations
+                             for e in of_type(events, "pause"))
+            else:
+                landed = any(exits.get(inc, {}).get("signal") == SIGKILL for inc in incarnations)
+            if not landed:
+                what = "was never seen stopped" if fault.kind == "pause" else "did not die of SIGKILL"
+                return unknown_verdict(COVERAGE, f"no-kill: {fault.point} fired, but the worker {what}", NO_KILL,
+                                       counts)
+        fault = fault.then
+    return Verdict(True, [], counts, COVERAGE)

@@ -1,0 +1,102 @@
+"""The generator: which cases a campaign runs, derived from what its fault-free runs reached.
+
+A case is one scenario run in a fresh directory with at most one kill plan (a nemesis
+`Fault`). Modes:
+
+    exhaustive  a fault-free run records every probe hit; one case per hit
+    double      each exhaustive kill, paired with each kill point of its recovery
+    random      seeded: probe kills drawn from the traces, and timer kills
+    pause       SIGSTOP at each distinct probe, a new worker takes over, SIGCONT
+
+Every plan follows from the traces and the seed alone, so a campaign is reproducible,
+and every case has an id that parses back (`Case.parse`), so it can be rerun alone.
+"""
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from supervisor.chaos.nemesis import Fault, aimed_delay_ms, timer_fractions
+from supervisor.chaos.scenarios import SCENARIOS
+
+if TYPE_CHECKING:
+    from supervisor.chaos.campaign import CampaignConfig
+    from supervisor.chaos.runner import CaseResult
+
+MODES = ("exhaustive", "double", "random", "pause")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    scenario: str
+    fault: Fault | None = None
+
+    @property
+    def case_id(self) -> str:
+        return f"{self.scenario}/{self.fault.label() if self.fault else 'fault-free'}"
+
+    def repro(self) -> str:
+        return f"hermes-supervisor chaos --case '{self.case_id}'"
+
+    @classmethod
+    def parse(cls, case_id: str) -> "Case":
+        scenario, _, label = case_id.partition("/")
+        if scenario not in SCENARIOS:
+            raise ValueError(f"case {case_id!r}: unknown scenario {scenario!r}")
+        return cls(scenario, None if label in ("", "fault-free") else Fault.parse(label))
+
+
+def case_file_stem(case_id: str) -> str:
+    """A file name for a case: stable, readable, and free of path separators."""
+    return case_id.replace("/", "__").replace(":", "_")
+
+
+def enumerate_cases(mode: str, scenario: str, baseline: CaseResult, config: CampaignConfig,
+                    recoveries: dict[str, CaseResult] | None = None) -> list[Case]:
+    """The cases a mode derives from a scenario's fault-free trace (and, for double, recoveries)."""
+    points = sorted(set(baseline.trace))
+    if mode == "exhaustive":
+        return [Case(scenario, Fault("probe", t, p, probe=name, n=n, mode=km))
+                for (t, p, name, n) in points for km in config.kill_modes]
+    if mode == "pause":
+        # Pause once at the first hit of each distinct probe of the first process of each turn.
+        firsts = {(t, name): (t, p, name, n) for (t, p, name, n) in reversed(points) if p == 0 and n == 1}
+        return [Case(scenario, Fault("pause", t, p, probe=name, n=n)) for (t, p, name, n) in sorted(firsts.values())]
+    if mode == "double":
+        cases = []
+        for first_id, result in sorted((recoveries or {}).items()):
+            first = Case.parse(first_id).fault
+            assert first is not None
+            recovery = first.process + 1
+            for (t, p, name, n) in sorted(set(result.trace)):
+                if t == first.turn and p == recovery:
+                    second = Fault("probe", t, p, probe=name, n=n)
+                    cases.append(Case(scenario, Fault(first.kind, first.turn, first.process, first.probe, first.n,
+                                                      first.mode, then=second)))
+        return cases
+    raise ValueError(f"mode {mode!r} has no enumeration")
+
+
+def random_cases(config: CampaignConfig, baselines: dict[str, CaseResult]) -> list[Case]:
+    """Seeded: half timer kills, aimed inside the live span of the scenario's first worker as
+    its fault-free baseline measured it, and half probe kills drawn from the baseline's trace."""
+    rng = random.Random(config.seed)
+    fractions = timer_fractions(config.seed, config.runs)
+    names = sorted(baselines)
+    cases = []
+    for i in range(config.runs):
+        scenario = names[i % len(names)]
+        if rng.random() < 0.5:
+            delay = aimed_delay_ms(fractions[i], baselines[scenario].span_ms)
+            cases.append(Case(scenario, Fault("timer", 0, 0, delay_ms=delay)))
+        else:
+            t, p, name, n = rng.choice(sorted(set(baselines[scenario].trace)))
+            cases.append(Case(scenario, Fault("probe", t, p, probe=name, n=n, mode=rng.choice(config.kill_modes))))
+    return cases
+
+
+def in_shard(case: Case, shard: tuple[int, int]) -> bool:
+    index, count = shard
+    return zlib.crc32(case.case_id.encode()) % count == index - 1

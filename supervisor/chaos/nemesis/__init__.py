@@ -1,0 +1,106 @@
+"""The nemesis: what goes wrong in a case, and the names of every fault.
+
+A case has at most one kill plan, a `Fault`, aimed at one worker process of the case:
+the `process`-th process (0-based) started for turn `turn` of the scenario. Kinds:
+
+    probe   SIGKILL at the n-th hit of a probe; mode `self` (the worker kills itself)
+            or `external` (the worker reports and waits; the supervisor kills it by pid)
+    timer   SIGKILL from the supervisor `delay_ms` after the process started
+    pause   SIGSTOP at a probe, let a fresh worker take the session over, then SIGCONT:
+            the old worker must fail its next write on the fencing epoch
+
+`then` is a second fault for the first recovery process (double kills). A fault
+prints as a stable label, and the label parses back, so a case can be rerun from it.
+
+On top of its kill plan, every case of a campaign may meet the faults named by
+``--faults`` (`FAULT_OPTIONS`), one family per module:
+
+* model faults (`nemesis.model`): the scripted model answers each distinct request wrongly
+  once; `refused`: the first worker restarted after a kill finds the model endpoint
+  refusing connections;
+* storage faults (`nemesis.storage`): `locked` (another connection holds the write lock at
+  the first tool effect), and `disk`, `readonly`, `corrupt` (the storage breaks while no
+  worker runs);
+* recovery faults: `concurrent-resume` (after the first landed kill, `CROWD` resume
+  workers start at once on the interrupted turn; checker: consume-once) and
+  `twin-recovery` (two byte-identical copies of the crashed state are each resumed by a
+  worker of their own and must give the same transcript; checker: recovery-determinism).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from supervisor.chaos.nemesis.model import MODEL_FAULTS
+from supervisor.chaos.nemesis.storage import STORAGE_FAULTS
+
+FAULT_KINDS = ("probe", "timer", "pause")
+RECOVERY_FAULTS = ("concurrent-resume", "twin-recovery")
+FAULT_OPTIONS = (*MODEL_FAULTS, "refused", "locked", *STORAGE_FAULTS, *RECOVERY_FAULTS)
+CROWD = 4  # resume workers started at once by concurrent-resume
+CROWD_BUSY_BUDGET_S = 10.0  # k writers contend for one lock: patience is not what is being tested
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: str
+    turn: int = 0
+    process: int = 0
+    probe: str | None = None
+    n: int = 1
+    mode: str = "self"
+    delay_ms: int = 0
+    then: "Fault | None" = None
+
+    @property
+    def point(self) -> str | None:
+        return f"{self.probe}:{self.n}" if self.probe else None
+
+    def label(self) -> str:
+        where = f"t{self.turn}p{self.process}"
+        if self.kind == "timer":
+            text = f"timer@{self.delay_ms}ms@{where}"
+        else:
+            text = f"{self.kind}:{self.mode}@{self.probe}:{self.n}@{where}"
+        return text + (f"+{self.then.label()}" if self.then else "")
+
+    @classmethod
+    def parse(cls, label: str) -> "Fault":
+        first, plus, rest = label.partition("+")
+        then = cls.parse(rest) if plus else None
+        try:
+            head, point_or_delay, where = first.split("@")
+            turn_text, process_text = where[1:].split("p")
+            turn, process = int(turn_text), int(process_text)
+            if head == "timer":
+                return cls("timer", turn, process, delay_ms=int(point_or_delay.removesuffix("ms")), then=then)
+            kind, mode = head.split(":")
+            probe, n = point_or_delay.rsplit(":", 1)
+            if kind not in FAULT_KINDS:
+                raise ValueError(kind)
+            return cls(kind, turn, process, probe=probe, n=int(n), mode=mode, then=then)
+        except ValueError:
+            raise ValueError(f"{label!r} is not a fault label (e.g. probe:self@flush.committed:2@t0p0)") from None
+
+    def worker_args(self) -> list[str]:
+        """Arguments for the targeted worker (timer faults need none: the supervisor fires them)."""
+        if self.kind == "timer":
+            return []
+        mode = "pause" if self.kind == "pause" else self.mode
+        return ["--kill-at", f"{self.probe}:{self.n}", "--kill-mode", mode]
+
+
+# Timer kills aim at this share of a worker's measured live span: late enough to land past
+# its start, early enough that a run a little faster than the measured one is still alive.
+TIMER_AIM = (0.02, 0.7)
+
+
+def timer_fractions(seed: int, count: int) -> list[float]:
+    """Seeded fractions of a live span, so a random campaign's plan follows from its seed."""
+    rng = random.Random(seed)
+    return [rng.uniform(*TIMER_AIM) for _ in range(count)]
+
+
+def aimed_delay_ms(fraction: float, span_ms: int) -> int:
+    """A timer kill's delay: `fraction` of the live span a fault-free run of the case measured."""
+    return max(1, int(fraction * max(span_ms, 1)))

@@ -1,0 +1,290 @@
+"""Storage faults: a write lock held past a worker's patience (`locked`), and storage that
+breaks while a worker is down (`disk`, `readonly`, `corrupt`).
+
+``--faults locked``: at the first tool effect of a case, while the worker waits for its
+acknowledgement, another connection takes the database's write lock and holds it past the
+worker's patience (`hold_write_lock`), so its next flush fails closed as `locked`; the case
+must still end with the turn resumed and the transcript whole.
+
+A campaign run with ``--faults disk|readonly|corrupt`` adds one round to every case whose
+worker gets killed: while no worker is running, the case's storage is broken; a worker is
+started on it and must fail closed (exit 1, ``session_persistence_failed:<cause>``, nothing
+shown, no tool run, no row written); the storage is mended; then the case goes on as
+usual and the interrupted turn must still finish. Breaking storage between two processes is
+what happens in real life (a disk fills, a volume is remounted read-only, a file gets
+damaged while the service is down), and it is deterministic, where breaking it under a live
+worker depends on what that worker happens to have cached.
+
+How each fault is made, for real, on the case's own files:
+
+* disk     -- the case directory is a small tmpfs mounted for the case. The fault checkpoints
+  the WAL into the main file and truncates it (so the next write must grow a file), then
+  fills the file system with a filler file; mending deletes the filler. Mounting needs root
+  (CAP_SYS_ADMIN): without it the campaign refuses this fault up front and says so. Each
+  mount is released with its case; a supervisor killed mid-case leaves its running cases'
+  mounts behind, named ``hermes-chaos-case`` in /proc/mounts, for ``umount`` to clear.
+* readonly -- the database file is made read-only: ``chattr +i`` as root (root ignores file
+  modes), ``chmod 0400`` otherwise. SQLite then opens it read-only and the first write fails
+  with SQLITE_READONLY.
+* corrupt  -- after a checkpoint, every b-tree root page but the schema page is overwritten
+  in the main file (the originals are kept in memory), so the worker's first read of a table
+  fails with "database disk image is malformed"; mending writes the originals back.
+
+Each fault ends with a commit that touches only the header page (``user_version`` set to
+itself), so every open connection, the supervisor's read-only observer included, drops its
+page cache and sees the file as it now is.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+STORAGE_FAULTS = ("disk", "readonly", "corrupt")
+TMPFS_SIZE = "16m"  # plenty for any scenario's files; small enough to fill in milliseconds
+
+
+def hold_write_lock(db: Path, seconds: float) -> None:
+    """Take the database's write lock now, and release it `seconds` later (on a timer thread)."""
+    holder = sqlite3.connect(db, isolation_level=None, timeout=5.0, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+
+    def release() -> None:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+    timer = threading.Timer(seconds, release)
+    timer.daemon = True
+    timer.start()
+
+
+class StorageFaultUnavailable(Exception):
+    """This machine cannot make the fault (no right to mount, no chattr, ...); says why."""
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+
+
+def _touch_header(db: Path) -> None:
+    """Commit a header-only change so every connection rereads the file (see the module doc)."""
+    conn = sqlite3.connect(db, isolation_level=None, timeout=10.0)
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        conn.execute(f"PRAGMA user_version = {int(version)}")
+    finally:
+        conn.close()
+
+
+def _checkpoint(db: Path) -> sqlite3.Connection:
+    """Move every committed page into the main file and empty the WAL; returns the open connection."""
+    conn = sqlite3.connect(db, isolation_level=None, timeout=10.0)
+    busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    if busy:
+        conn.close()
+        raise RuntimeError(f"could not checkpoint {db}: a reader kept its snapshot open")
+    return conn
+
+
+class StorageFault:
+    """One kind of storage fault for one case directory: prepare, break, mend, release."""
+
+    cause = ""
+
+    def __init__(self, case_dir: Path) -> None:
+        self.case_dir = case_dir
+        self.broken = False
+
+    @classmethod
+    def check_available(cls, scratch: Path) -> None:
+        """Raise StorageFaultUnavailable if this machine cannot make the fault under `scratch`."""
+
+    def prepare(self) -> None:
+        """Before the case's first worker starts (the directory exists, empty)."""
+
+    def break_storage(self, db: Path) -> str:
+        """Break the storage of `db` (no worker is running); returns what was done, for the history."""
+        raise NotImplementedError
+
+    def mend(self, db: Path) -> None:
+        """Undo break_storage; the database is then exactly as it was before."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """After the case: undo whatever would outlive it. Safe to call twice, and after a failure."""
+        if self.broken:
+            try:
+                self.mend(self.case_dir / "state.db")
+            except Exception:  # noqa: BLE001  (releasing must go on: the mount must not outlive the case)
+                pass
+
+
+class FullFileSystem(StorageFault):
+    cause = "disk"
+
+    def __init__(self, case_dir: Path) -> None:
+        super().__init__(case_dir)
+        self.mounted = False
+        self.filler = case_dir / ".filler"
+
+    @classmethod
+    def check_available(cls, scratch: Path) -> None:
+        probe = Path(tempfile.mkdtemp(prefix="tmpfs-probe-", dir=scratch))
+        try:
+            done = _run("mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "hermes-probe", str(probe))
+            if done.returncode != 0:
+                raise StorageFaultUnavailable(
+                    "--faults disk puts each case on a small tmpfs, and mounting one is not permitted here "
+                    f"({(done.stderr or done.stdout).strip() or 'mount failed'}); run the campaign as root, "
+                    "or leave `disk` out")
+            _run("umount", str(probe))
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
+
+    def prepare(self) -> None:
+        done = _run("mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0700", "hermes-chaos-case",
+                    str(self.case_dir))
+        if done.returncode != 0:
+            raise StorageFaultUnavailable(f"mount tmpfs on {self.case_dir}: {done.stderr.strip()}")
+        self.mounted = True
+
+    def break_storage(self, db: Path) -> str:
+        _checkpoint(db).close()
+        fd = os.open(self.filler, os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            for chunk in (1 << 20, 4096, 1):  # unbuffered writes, down to the last free byte
+                try:
+                    while os.write(fd, b"\0" * chunk):
+                        pass
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+        finally:
+            os.close(fd)
+        self.broken = True
+        return f"filled the case's {TMPFS_SIZE} tmpfs ({os.statvfs(self.case_dir).f_bavail} blocks left)"
+
+    def mend(self, db: Path) -> None:
+        self.filler.unlink(missing_ok=True)
+        self.broken = False
+
+    def release(self) -> None:
+        """Keep the case's files: copy them off the tmpfs, unmount it, put them back."""
+        super().release()
+        if not self.mounted:
+            return
+        self.mounted = False
+        keep = Path(tempfile.mkdtemp(prefix="case-", dir=self.case_dir.parent))
+        try:
+            for item in self.case_dir.iterdir():
+                shutil.move(str(item), keep / item.name)
+            if _run("umount", str(self.case_dir)).returncode != 0:
+                _run("umount", "-l", str(self.case_dir))  # busy: detached now, gone with its last file
+            for item in keep.iterdir():
+                shutil.move(str(item), self.case_dir / item.name)
+        finally:
+            shutil.rmtree(keep, ignore_errors=True)
+
+
+class ReadOnlyFile(StorageFault):
+    cause = "readonly"
+
+    def __init__(self, case_dir: Path) -> None:
+        super().__init__(case_dir)
+        self.mode: int | None = None
+
+    @staticmethod
+    def _as_root() -> bool:
+        return os.geteuid() == 0
+
+    @classmethod
+    def check_available(cls, scratch: Path) -> None:
+        if not cls._as_root():
+            return  # chmod binds everyone else
+        if shutil.which("chattr") is None:
+            raise StorageFaultUnavailable("--faults readonly needs `chattr` when run as root (root ignores file "
+                                          "modes); install e2fsprogs, or leave `readonly` out")
+        probe = scratch / ".chattr-probe"
+        probe.write_bytes(b"")
+        try:
+            done = _run("chattr", "+i", str(probe))
+            if done.returncode != 0:
+                raise StorageFaultUnavailable(
+                    f"--faults readonly: the file system under {scratch} has no immutable attribute "
+                    f"({done.stderr.strip()}); use another --workdir, or leave `readonly` out")
+            _run("chattr", "-i", str(probe))
+        finally:
+            probe.unlink(missing_ok=True)
+
+    def break_storage(self, db: Path) -> str:
+        self.broken = True
+        if self._as_root():
+            done = _run("chattr", "+i", str(db))
+            if done.returncode != 0:
+                self.broken = False
+                raise RuntimeError(f"chattr +i {db}: {done.stderr.strip()}")
+            return "chattr +i on the database file"
+        self.mode = db.stat().st_mode & 0o777
+        db.chmod(0o400)
+        return "chmod 0400 on the database file"
+
+    def mend(self, db: Path) -> None:
+        if self._as_root():
+            _run("chattr", "-i", str(db))
+        elif self.mode is not None:
+            db.chmod(self.mode)
+        self.broken = False
+
+
+class DamagedPages(StorageFault):
+    cause = "corrupt"
+
+    def __init__(self, case_dir: Path) -> None:
+        super().__init__(case_dir)
+        self.saved: dict[int, bytes] = {}
+        self.page_size = 0
+
+    def break_storage(self, db: Path) -> str:
+        conn = _checkpoint(db)
+        try:
+            self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+            roots = [r for (r,) in conn.execute("SELECT rootpage FROM sqlite_master WHERE rootpage > 1")]
+        finally:
+            conn.close()
+        self.broken = True
+        with open(db, "r+b") as fh:
+            for page in roots:
+                fh.seek((page - 1) * self.page_size)
+                self.saved[page] = fh.read(self.page_size)
+                fh.seek((page - 1) * self.page_size)
+                fh.write(b"\xa5" * self.page_size)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _touch_header(db)
+        return f"overwrote {len(roots)} b-tree root pages (all but the schema page)"
+
+    def mend(self, db: Path) -> None:
+        with open(db, "r+b") as fh:
+            for page, data in self.saved.items():
+                fh.seek((page - 1) * self.page_size)
+                fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.saved.clear()
+        self.broken = False
+        _touch_header(db)
+
+
+KINDS: dict[str, type[StorageFault]] = {"disk": FullFileSystem, "readonly": ReadOnlyFile, "corrupt": DamagedPages}
+
+
+def check_available(faults: tuple[str, ...] | list[str], scratch: Path) -> None:
+    """Raise StorageFaultUnavailable for the first fault in `faults` this machine cannot make."""
+    for name in faults:
+        if name in KINDS:
+            KINDS[name].check_available(scratch)

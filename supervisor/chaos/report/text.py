@@ -1,0 +1,73 @@
+"""Campaign reports as text: the table printed at the end, junit.xml and report.md."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from xml.sax.saxutils import escape, quoteattr
+
+if TYPE_CHECKING:
+    from supervisor.chaos.runner import CaseResult
+
+
+def table(summary: dict[str, Any]) -> str:
+    """Kill point x cases x violations, then the totals and every violation's repro."""
+    rows = [("kill point", "hit", "cases", "violations")]
+    for name, entry in summary["points"].items():
+        hit = "yes" if entry["hit"] else ("-" if not entry["cases"] else "NO")
+        rows.append((name, hit, str(entry["cases"]), str(entry["violations"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(_totals(summary))
+    for v in summary["violations"]:
+        lines.append(f"  {v['invariant']} ({v['class']}): {v['case']}: {v['message']}\n    repro: {v['repro']}")
+    for u in summary["unknown"]:
+        lines.append(f"  not judged ({', '.join(u['reasons']) or 'unknown'}): {u['case']}: {u['message']}")
+    return "\n".join(lines)
+
+
+def _totals(summary: dict[str, Any]) -> str:
+    by_class = summary["violations_by_class"]
+    return (f"cases {summary['cases']}, kills landed {summary['kills']}, no-kill cases {summary['no_kill']}, "
+            f"violations {len(summary['violations'])} (damage {by_class['damage']}, contract {by_class['contract']}), "
+            f"not judged {len(summary['unknown'])}, verdict {'PASS' if summary['ok'] else 'FAIL'}")
+
+
+def junit(results: list[CaseResult]) -> str:
+    failures = sum(1 for r in results if r.verdict.valid is False)
+    errors = sum(1 for r in results if r.verdict.valid not in (True, False))
+    cases = []
+    for r in results:
+        body = ""
+        if r.verdict.valid is False:
+            text = "\n".join(f"{v.invariant}: {v.message}" for v in r.verdict.violations)
+            body = f'<failure message={quoteattr(text[:200])}>{escape(text)}\nrepro: {escape(r.repro())}</failure>'
+        elif r.verdict.valid is not True:
+            why = ", ".join(r.verdict.reasons) or "unknown verdict"
+            body = f'<error message={quoteattr(why)}>{escape(r.verdict.message)}\nrepro: {escape(r.repro())}</error>'
+        cases.append(f'  <testcase classname={quoteattr(r.case.scenario)} name={quoteattr(r.case.case_id)} '
+                     f'time="{r.seconds:.3f}">{body}</testcase>')
+    return ('<?xml version="1.0" encoding="utf-8"?>\n'
+            f'<testsuite name="hermes-chaos" tests="{len(results)}" failures="{failures}" errors="{errors}">\n'
+            + "\n".join(cases) + "\n</testsuite>\n")
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = ["# Chaos campaign", "", f"Verdict: **{'PASS' if summary['ok'] else 'FAIL'}**: {_totals(summary)}.", "",
+             "| kill point | hit | cases | violations |", "| --- | --- | --- | --- |"]
+    for name, e in summary["points"].items():
+        lines.append(f"| `{name}` | {'yes' if e['hit'] else ('-' if not e['cases'] else 'NO')} | {e['cases']} | "
+                     f"{e['violations']} |")
+    if summary["violations"]:
+        lines += ["", "## Violations", ""]
+        for v in summary["violations"]:
+            lines.append(f"- **{v['invariant']}** ({v['class']}) in `{v['case']}`: {v['message']}  \n"
+                         f"  repro: `{v['repro']}`")
+    if summary["unknown"]:
+        lines += ["", "## Not judged", ""]
+        for u in summary["unknown"]:
+            lines.append(f"- `{u['case']}` ({', '.join(u['reasons']) or 'unknown'}): {u['message']}  \n"
+                         f"  repro: `{u['repro']}`")
+    return "\n".join(lines) + "\n"
+

@@ -1,0 +1,478 @@
+"""The runner: one case, end to end. Spawn a worker, observe it, kill it as planned, restart it
+until its turn ends, let the nemesis do its rounds, then check the durable state.
+
+The runner talks to its workers over their control channels: every projection and every
+tool effect is looked up in the database while the worker waits for its acknowledgement
+(supervisor.chaos.observe), and everything seen goes into the case's history, which the
+checker judges once the case is over.
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import sqlite3
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import psutil
+
+from hermes.private_files import make_private_dirs
+from hermes.state import StorageError, open_snapshot
+from supervisor.chaos.checker import NO_KILL, UNFIRED, Verdict, check_case, load_durable, twin_transcript
+from supervisor.chaos.generator import Case, case_file_stem
+from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_rows
+from supervisor.chaos.nemesis import CROWD, CROWD_BUSY_BUDGET_S, Fault
+from supervisor.chaos.nemesis.model import STALL_WORKER_TIMEOUT_S, refusing_url
+from supervisor.chaos.nemesis.storage import KINDS as STORAGE_FAULT_KINDS
+from supervisor.chaos.nemesis.storage import StorageFault, hold_write_lock
+from supervisor.chaos.observe import Observer
+from supervisor.chaos.scenarios import MODEL, SCENARIOS, SESSION, Scenario
+from supervisor.procs.pool import Pool, WorkerProcess
+from supervisor.targets import DEFAULT_TARGET, TARGETS
+
+if TYPE_CHECKING:
+    from supervisor.chaos.campaign import CampaignConfig
+
+PAUSE_SEEN_S = 5.0  # how long a SIGSTOPped worker may take to show as stopped
+WORKER_BUSY_BUDGET_S = 2.0
+WORKER_TIMEOUT_S = 20.0  # the worker's model request timeout
+
+
+@dataclass(slots=True)
+class CaseResult:
+    case: Case
+    verdict: Verdict
+    kills: int
+    restarts: int
+    seconds: float
+    # (turn, process, probe, n) of every probe hit, for enumerating further cases.
+    trace: list[tuple[int, int, str, int]] = field(default_factory=list)
+    fired: list[str] = field(default_factory=list)
+    reached: frozenset[str] = frozenset()  # probe names this case hit (kept when the trace is dropped)
+    flags: tuple[str, ...] = ()  # campaign options the case depends on (target, faults), for its repro
+    span_ms: int = 0  # how long the case's first worker lived (a baseline's span aims timer kills)
+
+    @property
+    def no_kill(self) -> bool:
+        """The case planned a fault that did not land (or never fired): it tested nothing."""
+        return bool({NO_KILL, UNFIRED} & set(self.verdict.reasons))
+
+    def repro(self) -> str:
+        return " ".join((self.case.repro(), *self.flags))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"case": self.case.case_id, "scenario": self.case.scenario,
+                "fault": self.case.fault.label() if self.case.fault else None,
+                "verdict": self.verdict.to_json(), "kills": self.kills, "no_kill": self.no_kill,
+                "restarts": self.restarts, "seconds": round(self.seconds, 3), "fired": self.fired,
+                "repro": self.repro()}
+
+
+def _claim_dir(root: Path, stem: str) -> Path:
+    """A new directory for one run of a case: `stem`, or `stem~N` when that case already
+    ran (random mode may draw a case twice; two runs must never share files)."""
+    make_private_dirs(root)
+    for n in range(1, 1_000_000):
+        path = root / (stem if n == 1 else f"{stem}~{n}")
+        try:
+            path.mkdir(mode=0o700)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free directory for case {stem} under {root}")
+
+
+class CaseRunner:
+    """Runs one case against a shared model server and process pool."""
+
+    def __init__(self, case: Case, root: Path, base_url: str, pool: Pool, sink: HistoryWriter | None,
+                 config: CampaignConfig, on_log: Callable[[WorkerProcess, bytes], None] | None = None) -> None:
+        self.case = case
+        self.scenario: Scenario = SCENARIOS[case.scenario]
+        self.target = TARGETS[config.target]
+        self.dir = _claim_dir(root, case_file_stem(case.case_id))
+        self.db = self.dir / "state.db"
+        self.ledger = self.dir / "effects.db"
+        self.base_url = base_url
+        self.pool = pool
+        self.config = config
+        self.on_log = on_log
+        self.history = CaseHistory(case.case_id, sink)
+        self.observer = Observer(self.db, self.target.schema)
+        self._incarnations = 0
+        self._where: dict[int, tuple[int, int]] = {}  # incarnation -> (turn, process)
+        self._paused = threading.Event()
+        self._lock_fault_fired = False
+        # Storage faults (see supervisor.chaos.nemesis.storage): one round each, after the first kill.
+        self._storage_faults: list[StorageFault] = [STORAGE_FAULT_KINDS[name](self.dir) for name in config.faults
+                                                    if name in STORAGE_FAULT_KINDS]
+        self._storage_rounds_done = False
+        self._refused_done = False
+        self._crowd_done = False
+        self._twin_done = False
+        self._running: set[int] = set()  # incarnations of this case's workers not yet reaped
+        self.kills = 0
+
+    # -------------------------------------------------------------- observing
+    def _on_message(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
+        try:
+            self._observe(proc, msg)
+        except Exception as exc:  # a harness failure must neither hang the worker nor pass unseen
+            self.history.record("harness_error", incarnation=proc.incarnation, message_type=msg.get("type"),
+                                error=f"{type(exc).__name__}: {exc}")
+            if "seq" in msg:
+                proc.send({"type": "ack", "seq": msg["seq"]})
+
+    def _observe(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "hello":
+            self.history.record("hello", incarnation=proc.incarnation, pid=msg.get("pid"))
+        elif kind == "probe":
+            self._on_probe(proc, msg)
+        elif kind == "ui":
+            self._on_ui(proc, msg)
+        elif kind == "effect":
+            self._on_effect(proc, msg)
+        elif kind == "outcome":
+            self._on_outcome(proc, msg)
+
+    def _on_probe(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
+        inc = proc.incarnation
+        self.history.record("probe", incarnation=inc, name=msg["name"], n=msg["n"], ctx=msg.get("ctx", {}),
+                            kill=bool(msg.get("kill")))
+        if not msg.get("kill"):
+            return
+        mode = msg.get("mode")
+        if mode == "pause":
+            self._paused.set()
+        elif mode == "external":
+            proc.kill("supervisor")
+            self.history.record("kill", incarnation=inc, pid=proc.pid, signal=signal.SIGKILL,
+                                by="supervisor", probe=f"{msg['name']}:{msg['n']}")
+        else:
+            self.history.record("kill", incarnation=inc, pid=proc.pid, signal=signal.SIGKILL, by="self",
+                                probe=f"{msg['name']}:{msg['n']}")
+
+    def _on_ui(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
+        ui_kind = msg.get("kind")
+        fields: dict[str, Any] = {"kind": ui_kind, "turn": msg.get("turn")}
+        if ui_kind == "tool_complete":
+            fields.update(tool_call_id=msg.get("tool_call_id"), content=msg.get("content"))
+        else:
+            fields["text"] = msg.get("text")
+        if ui_kind == "stream_end":
+            fields["outcome"] = msg.get("outcome")
+        # Streamed deltas and retractions are provisional by contract (checker: stream-honesty);
+        # everything else shown must already be durable, and is looked up while the worker waits.
+        if ui_kind != "stream" and not (ui_kind == "stream_end" and msg.get("outcome") != "commit"):
+            durable, witness = self.observer.ui(msg)
+            fields.update(durable=durable, witness=witness)
+        self.history.record("ui", incarnation=proc.incarnation, **fields)
+        proc.send({"type": "ack", "seq": msg["seq"]})
+
+    def _on_effect(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
+        request, intent, witness = self.observer.effect(msg)
+        if "locked" in self.config.faults and not self._lock_fault_fired:
+            self._lock_fault_fired = True
+            seconds = WORKER_BUSY_BUDGET_S + 1.0
+            hold_write_lock(self.db, seconds)  # taken now, before the ack, so the worker meets it
+            self.history.record("storage_fault", fault="locked", seconds=seconds)
+        self.history.record("effect", incarnation=proc.incarnation, tool=msg.get("tool"), policy=msg.get("policy"),
+                            tool_call_id=msg.get("tool_call_id"), turn=msg.get("turn"),
+                            idempotency_key=msg.get("idempotency_key"), request_durable=request,
+                            intent_durable=intent, witness=witness)
+        proc.send({"type": "ack", "seq": msg["seq"]})
+
+    def _on_outcome(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
+        result = msg.get("result") or {}
+        shown: dict[str, Any] = {}
+        if result.get("outcome") == "completed" and result.get("final_response") is not None:
+            # The final answer is a projection too: the worker reports it after its commit.
+            durable, witness = self.observer.answer(result.get("session"), result.get("turn_id"),
+                                                    result.get("final_response"))
+            shown = {"durable": durable, "witness": witness}
+        self.history.record("outcome", incarnation=proc.incarnation, result=result, **shown)
+
+    def _repro_flags(self) -> tuple[str, ...]:
+        flags = []
+        if self.target.name != DEFAULT_TARGET:
+            flags.append(f"--target {self.target.name}")
+        if self.config.faults:
+            flags.append(f"--faults {','.join(self.config.faults)}")
+        return tuple(flags)
+
+    # ---------------------------------------------------------------- running
+    def _fault_for(self, turn: int, process: int) -> Fault | None:
+        fault = self.case.fault
+        while fault is not None:
+            if fault.turn == turn and fault.process == process:
+                return fault
+            fault = fault.then
+        return None
+
+    def _worker_args(self, command: str, db: Path, ledger: Path, url: str,
+                     busy_budget: float = WORKER_BUSY_BUDGET_S) -> list[str]:
+        timeout = STALL_WORKER_TIMEOUT_S if "stall" in self.config.faults else WORKER_TIMEOUT_S
+        args = [command, "--db", str(db), "--session", SESSION, "--base-url", url, "--model", MODEL,
+                "--ledger", str(ledger), "--timeout", str(timeout), "--busy-budget", str(busy_budget),
+                *self.scenario.extra_args(command)]
+        if self.target.name != DEFAULT_TARGET:
+            args += ["--target", self.target.name]
+        return args
+
+    def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None,
+               busy_budget: float = WORKER_BUSY_BUDGET_S) -> WorkerProcess:
+        turn = self.scenario.turns[turn_index]
+        url = self._model_url() if process >= 0 else self.base_url  # a storage-fault worker never gets far
+        args = self._worker_args(command, self.db, self.ledger, url, busy_budget)
+        if command == "run":
+            args += ["--message", turn.message, "--turn-id", f"turn-{turn_index}"]
+        if fault is not None:
+            args += fault.worker_args()
+        self._incarnations += 1
+        inc = self._incarnations
+        self._where[inc] = (turn_index, process)
+        proc = self.pool.spawn(args, incarnation=inc, on_message=self._on_message, on_log=self.on_log,
+                               label=self.case.case_id)
+        self._running.add(inc)
+        self.history.record("spawn", incarnation=inc, pid=proc.pid, create_time=proc.create_time, command=command,
+                            turn_index=turn_index, turn_id=f"turn-{turn_index}", process=process,
+                            kill_at=fault.point if fault else None, kill_mode=fault.kind if fault else None)
+        if fault is not None and fault.kind == "timer":
+            def fire() -> None:
+                if proc.kill("timer"):
+                    self.history.record("kill", incarnation=inc, pid=proc.pid, signal=signal.SIGKILL, by="timer",
+                                        probe=None)
+            timer = threading.Timer(fault.delay_ms / 1000.0, fire)
+            timer.daemon = True
+            timer.start()
+        return proc
+
+    def _model_url(self) -> str:
+        """The model endpoint for the next worker: under `refused`, the first one restarted
+        after a kill gets a loopback port that nothing listens on."""
+        if "refused" not in self.config.faults or self.kills == 0 or self._refused_done:
+            return self.base_url
+        self._refused_done = True
+        url = refusing_url()
+        self.history.record("model_fault", fault="refused", url=url)
+        return url
+
+    def _finish(self, proc: WorkerProcess, snapshot: bool = True) -> None:
+        if not proc.wait(self.config.process_timeout):
+            proc.kill("timeout")
+            self.history.record("kill", incarnation=proc.incarnation, pid=proc.pid, signal=signal.SIGKILL,
+                                by="timeout", probe=None)
+            proc.wait()
+        self.history.record("exit", incarnation=proc.incarnation, pid=proc.pid, returncode=proc.returncode,
+                            signal=proc.signal)
+        self._running.discard(proc.incarnation)
+        if not self._running:
+            # No connection of ours may outlive the last worker: the next worker must be the
+            # database's first connection, so that it, like a restarted process in production,
+            # recovers whatever the dead one committed to the WAL (a live reader would keep the
+            # dead writer's wal-index, and the next writer would overwrite that last commit).
+            self.observer.close()
+        if proc.signal == signal.SIGKILL:
+            self.kills += 1
+        if snapshot:
+            self._snapshot("exit")
+
+    def _snapshot(self, after: str) -> None:
+        self.history.record("snapshot", after=after, rows={str(k): v for k, v in snapshot_rows(self.db).items()})
+
+    def _turn_state(self, turn_index: int) -> str | None:
+        """The turn's durable state now, read from a private copy of the database: the view a
+        recovering worker gets, since the observer is closed whenever a worker exits."""
+        if not self.db.exists():
+            return None
+        try:
+            conn = open_snapshot(self.db)
+        except StorageError:
+            return None  # created, not yet a database: nothing has started
+        try:
+            return self.target.turn_state(conn, SESSION, f"turn-{turn_index}")
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None  # killed before the schema was committed: nothing has started
+            raise
+        finally:
+            conn.close()
+
+    # ------------------------------------------------------- nemesis rounds
+    def _storage_fault_rounds(self, command: str, turn_index: int) -> None:
+        """With the worker down: per storage fault, break the storage, start a worker that must
+        fail closed on it (checker: fails-closed), then mend the storage exactly as it was."""
+        self._storage_rounds_done = True
+        for fault in self._storage_faults:
+            if not self.db.exists():
+                self.history.record("storage_fault", fault=fault.cause, phase="skipped",
+                                    reason="the killed worker had not created the database yet")
+                continue
+            # Our own observer connection must not be open across the break: a worker that finds
+            # itself the file's last connection checkpoints and deletes the WAL index, and a
+            # connection that outlived that keeps reading a stale, unlinked copy of it.
+            self.observer.close()
+            what = fault.break_storage(self.db)
+            # Process index -1: no kill plan is ever aimed at this worker (see _fault_for), and
+            # its probe hits stay out of the traces further cases are derived from.
+            proc = self._spawn(command, turn_index, -1, None)
+            self.history.record("storage_fault", fault=fault.cause, phase="broken", what=what,
+                                incarnation=proc.incarnation,
+                                expect=f"session_persistence_failed:{fault.cause}")
+            try:
+                self._finish(proc, snapshot=False)  # a corrupt file cannot be snapshotted: after mending
+            finally:
+                fault.mend(self.db)
+            self.history.record("storage_fault", fault=fault.cause, phase="mended", incarnation=proc.incarnation)
+            self._snapshot("mend")
+
+    def _take_over_while_paused(self, old: WorkerProcess, turn_index: int, process: int) -> int:
+        """SIGSTOP the paused worker, let a new one finish the turn, then SIGCONT the old one."""
+        sent = old.signal_group(signal.SIGSTOP)
+        self.history.record("pause", incarnation=old.incarnation, pid=old.pid, stopped=sent and _seen_stopped(old))
+        newer = self._spawn("resume", turn_index, process, self._fault_for(turn_index, process))
+        self._finish(newer)
+        old.signal_group(signal.SIGCONT)
+        old.send({"type": "continue"})
+        self.history.record("cont", incarnation=old.incarnation, pid=old.pid)
+        return process + 1
+
+    def _crowd_round(self, turn_index: int) -> None:
+        """Start CROWD resume workers at once on the interrupted turn, and wait for all of them
+        (checker: consume-once). Process index -1: no kill plan aims at them, and their probe
+        hits stay out of the traces further cases derive from."""
+        self._crowd_done = True
+        crowd = [self._spawn("resume", turn_index, -1, None, busy_budget=CROWD_BUSY_BUDGET_S) for _ in range(CROWD)]
+        self.history.record("crowd", turn_id=f"turn-{turn_index}", incarnations=[p.incarnation for p in crowd])
+        for proc in crowd:
+            self._finish(proc, snapshot=False)
+        self._snapshot("crowd")
+
+    def _twin_round(self, turn_index: int) -> None:
+        """Resume two byte-identical copies of the crashed state, each with a worker of its own,
+        and record both transcripts (checker: recovery-determinism). The twins' workers report
+        to nobody: their projections and effects concern copies, not this case's database."""
+        self._twin_done = True
+        try:
+            transcripts = [self._recover_twin(name) for name in ("twin-a", "twin-b")]
+        except (OSError, RuntimeError) as exc:
+            self.history.record("twin", turn_id=f"turn-{turn_index}", error=str(exc))
+            return
+        self.history.record("twin", turn_id=f"turn-{turn_index}", a=transcripts[0], b=transcripts[1])
+
+    def _recover_twin(self, name: str) -> list[list[Any]]:
+        """Copy the database and the ledger (with their WALs) into `name`/, resume it, read it back."""
+        twin = self.dir / name
+        twin.mkdir(mode=0o700)
+        for source in (self.db, self.ledger):
+            for suffix in ("", "-wal"):
+                original = Path(f"{source}{suffix}")
+                if original.exists():
+                    shutil.copyfile(original, twin / original.name)
+        args = self._worker_args("resume", twin / self.db.name, twin / self.ledger.name, self.base_url)
+        self._incarnations += 1
+        proc = self.pool.spawn(args, incarnation=self._incarnations, on_message=_ack_only,
+                               on_log=self.on_log, label=f"{self.case.case_id} {name}")
+        if not proc.wait(self.config.process_timeout):
+            proc.kill("timeout")
+            proc.wait()
+            raise RuntimeError(f"the {name} recovery did not finish in {self.config.process_timeout:.0f}s")
+        durable = load_durable(twin / self.db.name)
+        if durable.error:
+            raise RuntimeError(f"the {name} recovery left an unreadable database: {durable.error}")
+        return twin_transcript(durable)
+
+    # ------------------------------------------------------------------ a case
+    def run(self) -> CaseResult:
+        try:
+            for fault in self._storage_faults:
+                fault.prepare()
+            return self._run()
+        finally:
+            for fault in self._storage_faults:
+                fault.release()
+
+    def _run(self) -> CaseResult:
+        started = time.monotonic()
+        restarts = 0
+        for turn_index in range(len(self.scenario.turns)):
+            restarts += self._run_turn(turn_index)
+        events = self.history.events
+        verdict = check_case(self.db, self.ledger, events, self.scenario.expectation(), planned=self.case.fault,
+                             promises=self.target.promises)
+        self.observer.close()
+        trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events
+                 if e["type"] == "probe" and self._where[e["incarnation"]][1] >= 0]
+        fired = [f"{e['name']}:{e['n']}" for e in events if e["type"] == "probe" and e.get("kill")]
+        return CaseResult(self.case, verdict, self.kills, restarts, time.monotonic() - started, trace, fired,
+                          frozenset(sys.intern(name) for (_t, _p, name, _n) in trace), self._repro_flags(),
+                          _first_span_ms(events))
+
+    def _run_turn(self, turn_index: int) -> int:
+        """Run one turn until it ends or the restarts run out; returns how many of its workers were killed."""
+        process, command, attempts, restarts = 0, "run", 0, 0
+        while True:
+            fault = self._fault_for(turn_index, process)
+            self._paused.clear()
+            proc = self._spawn(command, turn_index, process, fault)
+            process += 1
+            if fault is not None and fault.kind == "pause":
+                while not proc.exited.is_set() and not self._paused.wait(0.05):
+                    pass
+                if self._paused.is_set():
+                    process = self._take_over_while_paused(proc, turn_index, process)
+            self._finish(proc)
+            killed = proc.signal == signal.SIGKILL
+            restarts += killed
+            state = self._turn_state(turn_index)
+            if killed and state == "running":
+                if "twin-recovery" in self.config.faults and not self._twin_done:
+                    self._twin_round(turn_index)
+                if "concurrent-resume" in self.config.faults and not self._crowd_done:
+                    self._crowd_round(turn_index)
+                    state = self._turn_state(turn_index)
+            if state in ("done", "failed"):
+                return restarts
+            attempts += 1
+            if attempts > self.config.max_restarts:
+                return restarts  # turn-liveness reports the turn that never ended
+            # Killed mid-turn, or fenced off by a newer worker: finish the turn from the database.
+            # Never started (killed before its first commit): start it again.
+            command = "resume" if state == "running" else "run"
+            if killed and self._storage_faults and not self._storage_rounds_done:
+                self._storage_fault_rounds(command, turn_index)
+
+
+def _ack_only(proc: WorkerProcess, msg: dict[str, Any]) -> None:
+    """A control-channel handler that lets a worker go on without observing it."""
+    if "seq" in msg:
+        proc.send({"type": "ack", "seq": msg["seq"]})
+
+
+def _seen_stopped(proc: WorkerProcess) -> bool:
+    """Did the SIGSTOPped worker really stop? Its state is polled until it shows, briefly bounded."""
+    deadline = time.monotonic() + PAUSE_SEEN_S
+    while not proc.exited.is_set():
+        try:
+            if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
+                return True
+        except psutil.Error:
+            return False
+        if time.monotonic() > deadline:
+            return False
+        proc.exited.wait(0.001)
+    return False
+
+
+def _first_span_ms(events: list[dict[str, Any]]) -> int:
+    """How long the case's first worker lived, spawn to reaped exit, in milliseconds."""
+    spawned = next((e for e in events if e["type"] == "spawn"), None)
+    if spawned is None:
+        return 0
+    ended = next((e for e in events if e["type"] == "exit" and e.get("incarnation") == spawned["incarnation"]), None)
+    return int(round(((ended or spawned)["t"] - spawned["t"]) * 1000))

@@ -1,0 +1,117 @@
+"""Workloads: a scripted model, the chaos tool set and the user messages of one session.
+
+Every user message starts with the scenario's tag, so one model server can serve
+all scenarios at once: a reply is keyed on the last user message and on how many
+assistant replies the turn already has. A scenario also declares what its end state
+must be (`Expectation`), which the checker holds the durable state to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hermes.compaction import SUMMARY_PROMPT
+from testkit.script import Reply, Script, ToolCallSpec, turn_script
+
+SESSION = "chaos-session"  # every case runs one session of this id
+MODEL = "scripted-model"   # the name the scripted model answers as
+DEFAULT_MAX_RESTARTS = 10
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What a scenario declares about its end state."""
+
+    turns: int                              # number of user turns that must end
+    final_answers: tuple[str, ...] = ()     # expected final answer per turn, in order ("" = don't check)
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+
+
+@dataclass(frozen=True)
+class Turn:
+    message: str
+    replies: tuple[Reply, ...]
+
+    @property
+    def answer(self) -> str:
+        return self.replies[-1].content or ""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    turns: tuple[Turn, ...]
+    stream: bool = False
+    compact_above: int = 0
+    worker_args: tuple[str, ...] = field(default=())
+
+    def expectation(self) -> Expectation:
+        return Expectation(turns=len(self.turns), final_answers=tuple(t.answer for t in self.turns))
+
+    def extra_args(self, command: str) -> list[str]:
+        """Worker arguments this scenario adds to `command` (compaction happens only before a new turn)."""
+        args = list(self.worker_args)
+        if self.stream:
+            args.append("--stream")
+        if self.compact_above and command == "run":
+            args += ["--compact-above", str(self.compact_above)]
+        return args
+
+
+def _call(name: str, **arguments: object) -> ToolCallSpec:
+    return ToolCallSpec(name, arguments)
+
+
+def _tools(content: str | None, *calls: ToolCallSpec) -> Reply:
+    return Reply(content=content, tool_calls=tuple(calls))
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("single-tool", "one tool call, then the answer", (
+        Turn("[single-tool] what is alpha?", (
+            _tools(None, _call("lookup", key="alpha")),
+            Reply("alpha is value-of-alpha."))),)),
+    Scenario("parallel-read", "a read-only batch run concurrently", (
+        Turn("[parallel-read] compare a, b and c", (
+            _tools("Looking up all three at once.", _call("lookup", key="a"),
+                   _call("slow_lookup", key="b", seconds=0.05), _call("lookup", key="c")),
+            Reply("a, b and c are all known."))),)),
+    Scenario("mixed-batch", "reads, a write, a read: a segmented batch", (
+        Turn("[mixed-batch] read two keys, store one, read again", (
+            _tools("Reading, then writing.", _call("lookup", key="x"), _call("lookup", key="y"),
+                   _call("set_value", key="z", value="from x and y"), _call("lookup", key="z")),
+            Reply("Stored z after reading x and y."))),)),
+    Scenario("multi-turn-compaction", "three turns; older turns are compacted before the third", (
+        Turn("[multi-turn-compaction] first, look up one", (
+            _tools(None, _call("lookup", key="one")), Reply("one is known."))),
+        Turn("[multi-turn-compaction] second, store two", (
+            _tools("Storing it.", _call("set_value", key="two", value="2")), Reply("two is stored."))),
+        Turn("[multi-turn-compaction] third, look up three", (
+            _tools(None, _call("lookup", key="three")), Reply("three is known, and I remember the rest."))),
+    ), compact_above=6),
+    Scenario("streamed-answer", "a tool call and a streamed final answer", (
+        Turn("[streamed-answer] look up the weather and tell me at length", (
+            _tools("Let me check.", _call("lookup", key="weather")),
+            Reply("The weather key says value-of-weather; that is all the lookup returned today."))),),
+        stream=True),
+    Scenario("writes", "an at-most-once write and an idempotent write", (
+        Turn("[writes] note it down and store the flag", (
+            _tools("Writing both.", _call("append_note", text="remember the flag"),
+                   _call("set_value", key="flag", value="on")),
+            Reply("Noted, and the flag is on."))),)),
+    Scenario("self-kill", "a tool restarts its own worker after earlier tools produced results", (
+        Turn("[self-kill] prepare, restart, then check", (
+            _tools("Preparing before the restart.", _call("lookup", key="before"),
+                   _call("set_value", key="stage", value="pre-restart"), _call("restart_agent"),
+                   _call("lookup", key="after")),
+            Reply("Restarted; the restart's outcome is unknown, everything else is done."))),)),
+)}
+
+SUMMARY_REPLY = "Earlier: one was looked up and two was stored."
+
+
+def campaign_script(scenarios: list[Scenario]) -> Script:
+    """One script answering every turn of `scenarios`, plus the compaction summary request."""
+    turns = {t.message: list(t.replies) for s in scenarios for t in s.turns}
+    turns[SUMMARY_PROMPT] = [Reply(SUMMARY_REPLY)]
+    return turn_script(turns)

@@ -1,0 +1,156 @@
+"""The daemon's durable inbox and what it publishes, as plain functions.
+
+The inbox is the `turns` table of the session database itself: `submit` queues a
+turn ('queued'), a worker run by the daemon takes it to 'running' when it commits
+the user message, and to 'done' or 'failed' when it ends. The order of submission
+is the table's insertion order (rowid), never a clock.
+
+Next to the database the daemon keeps two small private files:
+
+    PATH.daemon.lock   held with flock(2) while a daemon serves PATH; holds its pid
+    PATH.daemon.json   what it is doing now: its pid, its live workers (pid and
+                       start time, so a pid reused by another process is never
+                       mistaken for a worker), and per-turn restart bookkeeping.
+                       Rewritten atomically (temp file + rename) on every change.
+
+Everything here only reads, except `submit` (one BEGIN IMMEDIATE transaction),
+`acquire_lock` and `write_status` (the daemon's own files).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from hermes import private_files
+from hermes.state import SessionDB
+from hermes.transcript import is_final_answer
+
+
+def lock_path(db_path: Path) -> Path:
+    return Path(f"{db_path}.daemon.lock")
+
+
+def status_path(db_path: Path) -> Path:
+    return Path(f"{db_path}.daemon.json")
+
+
+def ledger_path(db_path: Path) -> Path:
+    return Path(f"{db_path}.effects")
+
+
+class AlreadyRunning(Exception):
+    """Another daemon holds the database's lock."""
+
+
+def acquire_lock(db_path: Path) -> int:
+    """Hold PATH.daemon.lock (created 0600) for the life of the process; the file names the holder."""
+    path = lock_path(db_path)
+    fd = private_files.open_private_fd(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
+        os.close(fd)
+        raise AlreadyRunning(f"another daemon (pid {holder}) is already serving {db_path} "
+                             f"(it holds {path}); stop it first, or serve another database") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def new_turn_id() -> str:
+    return f"turn-{uuid.uuid4().hex[:16]}"
+
+
+def submit(db_path: Path, session_id: str, text: str, turn_id: str | None = None) -> tuple[str, bool]:
+    """Queue `text` as the next user turn of `session_id`; returns (turn id, newly queued)."""
+    turn_id = turn_id or new_turn_id()
+    with SessionDB(db_path) as db:
+        return turn_id, db.submit_turn(session_id, turn_id, text)
+
+
+# ------------------------------------------------------------- status file
+def write_status(db_path: Path, data: dict[str, Any]) -> None:
+    """Replace the status file atomically; it is created 0600 and never half-written."""
+    final = status_path(db_path)
+    temp = final.with_name(f"{final.name}.{os.getpid()}.tmp")
+    try:
+        private_files.write_private(temp, json.dumps(data, ensure_ascii=False, default=str))
+        os.replace(temp, final)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+def read_status(db_path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(status_path(db_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def process_alive(pid: Any, create_time: Any) -> bool:
+    """Is `pid` still the very process that was recorded (same start time), and not a zombie?"""
+    try:
+        proc = psutil.Process(int(pid))
+        if create_time is not None and abs(proc.create_time() - float(create_time)) > 0.01:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, ValueError, TypeError):
+        return False
+
+
+# ------------------------------------------------------------------ reading
+def final_answer(db: SessionDB, turn: dict[str, Any]) -> str | None:
+    """The turn's final answer: its last original assistant row with text and no tool calls."""
+    answers = [r["content"] for r in db.get_messages(turn["session_id"], include_inactive=True)
+               if r["turn_id"] == turn["id"] and r["cloned_from"] is None and is_final_answer(r)]
+    return answers[-1] if answers else None
+
+
+def daemon_view(db_path: Path) -> dict[str, Any]:
+    """What the status file says, with each recorded process checked against the live system."""
+    status = read_status(db_path)
+    if status is None:
+        return {"state": "not running", "pid": None, "workers": [], "turns": {}}
+    alive = process_alive(status.get("pid"), status.get("create_time"))
+    state = status.get("state", "unknown")
+    if not alive and state != "stopped":
+        state = "dead (stale status file)"
+    workers = [dict(w, alive=process_alive(w.get("pid"), w.get("create_time")))
+               for w in status.get("workers", [])]
+    return {**status, "state": state, "alive": alive, "workers": workers}
+
+
+def snapshot(db_path: Path, session_id: str | None = None) -> dict[str, Any]:
+    """Sessions and their turns with state, attempts and last error, plus the daemon and its workers."""
+    daemon = daemon_view(db_path)
+    bookkeeping = daemon.pop("turns", {}) or {}
+    sessions: dict[str, dict[str, Any]] = {}
+    if db_path.exists():
+        with SessionDB(db_path, readonly=True) as db:
+            for session in db.list_sessions():
+                if session_id is None or session["id"] == session_id:
+                    sessions[session["id"]] = {"id": session["id"], "turns": []}
+            for turn in db.get_turns(session_id):
+                notes = bookkeeping.get(turn["id"], {})
+                entry = {"id": turn["id"], "state": turn["state"],
+                         "attempts": max(int(turn["attempts"] or 0), int(notes.get("spawns", 0))),
+                         "crashes": int(notes.get("crashes", 0)),
+                         "error": turn["error"] or (notes.get("last_error") if turn["state"] != "done" else None),
+                         "submitted_at": turn["created_at"], "ended_at": turn["ended_at"]}
+                sessions.setdefault(turn["session_id"], {"id": turn["session_id"], "turns": []})["turns"].append(entry)
+    counts: dict[str, int] = {}
+    for session in sessions.values():
+        for turn in session["turns"]:
+            counts[turn["state"]] = counts.get(turn["state"], 0) + 1
+    return {"db": str(db_path), "daemon": daemon, "counts": counts, "sessions": list(sessions.values())}

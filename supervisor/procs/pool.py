@@ -1,0 +1,226 @@
+"""Worker processes: spawned in their own session, watched, killed by recorded pid, reaped once.
+
+Each worker gets one end of a socketpair as its control channel (inherited, so no
+other user can reach it) and a pipe for its JSON-lines stderr. Three threads per
+worker: the channel reader, the stderr reader, and the reaper, which is the only
+code that ever waits on the child.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from worker.protocol import Channel, ChannelClosed, send_with_fds
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def child_env() -> dict[str, str]:
+    """The environment for workers: loopback is never proxied, the project is importable."""
+    env = dict(os.environ)
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    return env
+
+
+@dataclass
+class WorkerProcess:
+    incarnation: int
+    channel: Channel
+    pid: int
+    create_time: float | None
+    spawned_at: float = field(default_factory=time.monotonic)
+    returncode: int | None = None
+    exited: threading.Event = field(default_factory=threading.Event)
+    killed_by: str | None = None
+    label: str | None = None  # what the worker is for (e.g. its case), for tagging its logs
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            self.channel.send(message)
+        except ChannelClosed:
+            pass  # it died; the reaper records how
+
+    def _same_process(self) -> bool:
+        """Guard against pid reuse: the pid must still be the process we started."""
+        if self.exited.is_set():
+            return False
+        try:
+            return self.create_time is None or psutil.Process(self.pid).create_time() == self.create_time
+        except psutil.Error:
+            return False
+
+    def signal_group(self, sig: int) -> bool:
+        """Send `sig` to the worker's process group (its pgid is its recorded pid)."""
+        if not self._same_process():
+            return False
+        try:
+            os.killpg(self.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def kill(self, by: str) -> bool:
+        if self.killed_by is None:
+            self.killed_by = by
+        return self.signal_group(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.exited.wait(timeout)
+
+
+MessageHandler = Callable[[WorkerProcess, dict[str, Any]], None]
+LogHandler = Callable[[WorkerProcess, bytes], None]
+
+
+def _become_subreaper() -> bool:
+    """Make this process adopt orphaned descendants (Linux), so it can reap fork-server workers."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+class ForkServer:
+    """The supervisor's handle on a warm `python -m worker.forkserver` template."""
+
+    def __init__(self, python: str) -> None:
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen([python, "-m", "worker.forkserver", str(theirs.fileno())],
+                                        pass_fds=[theirs.fileno()], start_new_session=True,
+                                        stdin=subprocess.DEVNULL, env=child_env(), cwd=REPO_ROOT)
+        theirs.close()
+        self.sock = ours
+        self.lock = threading.Lock()
+
+    def fork(self, argv: list[str], control_fd: int, stderr_fd: int) -> int:
+        with self.lock:
+            send_with_fds(self.sock, {"argv": argv}, [control_fd, stderr_fd])
+            reply = Channel(self.sock).recv()
+        if "pid" not in reply:
+            raise OSError(f"fork server could not start a worker: {reply.get('error')}")
+        return int(reply["pid"])
+
+    def close(self) -> None:
+        self.sock.close()  # the template exits when its socket closes
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class Pool:
+    """Starts workers (fresh interpreters, or forks of a warm template) and keeps one reaper per child."""
+
+    def __init__(self, python: str = sys.executable, *, forkserver: bool = False) -> None:
+        self.python = python
+        self._live: dict[int, WorkerProcess] = {}
+        self._lock = threading.Lock()
+        self._forkserver: ForkServer | None = None
+        if forkserver:
+            if not _become_subreaper():
+                raise OSError("the fork server needs PR_SET_CHILD_SUBREAPER (Linux)")
+            self._forkserver = ForkServer(python)
+
+    def _launch(self, argv: list[str], control_fd: int) -> tuple[int, Any, Callable[[], int]]:
+        """Start one worker; returns (pid, its stderr as a binary file, a blocking wait for its status)."""
+        if self._forkserver is not None:
+            read_end, write_end = os.pipe()
+            try:
+                pid = self._forkserver.fork(argv, control_fd, write_end)
+            finally:
+                os.close(write_end)
+            return pid, os.fdopen(read_end, "rb"), lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        popen = subprocess.Popen([self.python, "-m", "worker", *argv, "--control", str(control_fd)],
+                                 pass_fds=[control_fd], start_new_session=True, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(),
+                                 cwd=REPO_ROOT)
+        return popen.pid, popen.stderr, popen.wait
+
+    def spawn(self, args: list[str], *, incarnation: int, on_message: MessageHandler,
+              on_log: LogHandler | None = None, on_exit: Callable[[WorkerProcess], None] | None = None,
+              label: str | None = None) -> WorkerProcess:
+        ours, theirs = socket.socketpair()
+        try:
+            pid, stderr, wait = self._launch([*args, "--incarnation", str(incarnation)], theirs.fileno())
+        finally:
+            theirs.close()
+        try:
+            create_time: float | None = psutil.Process(pid).create_time()
+        except psutil.Error:
+            create_time = None  # already gone; the reaper will say how it ended
+        proc = WorkerProcess(incarnation, Channel(ours), pid, create_time, label=label)
+        with self._lock:
+            self._live[proc.pid] = proc
+
+        def read_channel() -> None:
+            try:
+                while True:
+                    on_message(proc, proc.channel.recv())
+            except ChannelClosed:
+                pass
+
+        def read_logs() -> None:
+            for line in stderr:
+                if on_log is not None:
+                    on_log(proc, line)
+            stderr.close()
+
+        readers = [threading.Thread(target=read_channel, daemon=True, name=f"chan-{proc.pid}"),
+                   threading.Thread(target=read_logs, daemon=True, name=f"log-{proc.pid}")]
+
+        def reap() -> None:
+            proc.returncode = wait()  # the one and only wait on this child
+            for reader in readers:
+                reader.join(timeout=5)
+            proc.channel.close()
+            with self._lock:
+                self._live.pop(proc.pid, None)
+            proc.exited.set()
+            if on_exit is not None:
+                on_exit(proc)
+
+        for thread in readers:
+            thread.start()
+        threading.Thread(target=reap, daemon=True, name=f"reap-{proc.pid}").start()
+        return proc
+
+    @property
+    def template(self) -> subprocess.Popen[bytes] | None:
+        """The warm template's process, when this pool forks its workers from one."""
+        return self._forkserver.process if self._forkserver is not None else None
+
+    def live(self) -> list[WorkerProcess]:
+        with self._lock:
+            return list(self._live.values())
+
+    def kill_all(self, by: str = "shutdown", timeout: float = 10.0) -> None:
+        """SIGKILL every live worker by its recorded pid and wait for each reaper."""
+        for proc in self.live():
+            proc.kill(by)
+        for proc in self.live():
+            proc.wait(timeout)
+
+    def close(self) -> None:
+        self.kill_all()
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None

@@ -1,0 +1,1 @@
+"""Test kit: the scripted OpenAI-compatible model (its scripts and its loopback server)."""

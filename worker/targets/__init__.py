@@ -1,0 +1,100 @@
+"""The systems a worker can run a turn of: one adapter per target, chosen with ``--target NAME``.
+
+An adapter is a module with
+
+- ``execute(args, link, report) -> int``: run or resume one turn as ``python -m worker`` was
+  asked (``args``), talking to the supervisor through ``link`` (None when run by hand), and
+  hand the outcome to ``report`` (which prints it, sends it, and gives the exit status);
+- ``missing() -> str | None``: why the target cannot run here (its package is not
+  installed, and how to get it), found without importing that package.
+
+Adapters are imported only when chosen, so running one target never imports another's
+packages. What every adapter does the same way (the toolsets of ``--tools``, the effects
+ledger and the chaos tools, a UI event) lives here too.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from worker.ledger import Ledger
+    from worker.link import SupervisorLink
+
+log = logging.getLogger("worker")
+
+# name -> module of its adapter
+ADAPTERS = {
+    "hermes": "worker.targets.hermes",              # ours (hermes/)
+    "hermes-agent": "worker.targets.hermes_agent",  # upstream Hermes (PyPI hermes-agent)
+}
+NAMES = tuple(ADAPTERS)
+
+# report(outcome) -> the worker's exit status, once the outcome is printed and sent.
+Report = Callable[[dict[str, Any]], int]
+
+
+class UsageError(Exception):
+    """Bad arguments, database, session or target: the worker prints one line and exits 2."""
+
+
+def adapter(name: str) -> ModuleType:
+    """The adapter module of target `name`; UsageError when it is unknown or cannot run here."""
+    if name not in ADAPTERS:
+        raise UsageError(f"unknown target {name!r}; known: {', '.join(NAMES)}")
+    module = importlib.import_module(ADAPTERS[name])
+    problem = module.missing()
+    if problem is not None:
+        raise UsageError(problem)
+    return module
+
+
+def load_tools(value: str) -> list[str]:
+    """The toolsets a worker's ``--tools`` value names (ValueError, one line, if any cannot be offered).
+
+    Each comma-separated name is ``chaos`` (the chaos harness's tools, installed by
+    `open_ledger`), a toolset of ``hermes.tools`` (``files``), or an importable module whose
+    ``@tool`` functions form a toolset (``examples.notes_tools``): see
+    ``hermes.tools.load_toolsets``. A daemon calls this up front to refuse a bad value at start.
+    """
+    from hermes.tools import load_toolsets
+    from worker import chaos_tools
+
+    return load_toolsets(value, provided={chaos_tools.TOOLSET: chaos_tools.TOOL_NAMES})
+
+
+def toolsets_of(args: Any) -> list[str]:
+    """The toolsets `args` chose: what the CLI resolved, or else its ``--tools`` loaded now."""
+    chosen = getattr(args, "toolsets", None)
+    return list(chosen) if chosen is not None else load_tools(args.tools)
+
+
+def open_ledger(args: Any, link: "SupervisorLink | None") -> "Ledger":
+    """The worker's effects ledger (``--ledger``, default the database path + ``.effects``), with the
+    chaos tools (when ``--tools`` chose them) installed to record into it and to report each effect
+    to the supervisor first."""
+    from worker import chaos_tools
+    from worker.ledger import Ledger
+
+    ledger = Ledger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
+    if chaos_tools.TOOLSET in toolsets_of(args):
+        chaos_tools.install(ledger, (lambda effect: link.request(dict(effect, type="effect"))) if link else None)
+    return ledger
+
+
+def show(link: "SupervisorLink | None", session: str, turn: str | None, kind: str, **fields: Any) -> None:
+    """A UI projection of `turn`: to the supervisor, which acknowledges once it has checked it
+    against the database; without one, to the log, where message and tool text never go (only
+    what was shown, for which turn, and how long it was)."""
+    event = {"type": "ui", "kind": kind, "session": session, "turn": turn, **fields}
+    if link is not None:
+        link.request(event)
+        return
+    shown = fields.get("text") if kind != "tool_complete" else fields.get("content")
+    ids = {k: fields[k] for k in ("tool_call_id", "outcome") if k in fields}
+    log.info("ui %s", json.dumps({"kind": kind, "turn": turn, **ids,
+                                  "chars": len(shown) if isinstance(shown, str) else 0}))

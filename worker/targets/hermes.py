@@ -1,0 +1,192 @@
+"""The hermes target: run or resume a turn of a session with our runtime (``hermes/``).
+
+The worker claims the session (a new fencing lease, so an older worker still running it can
+write nothing more), finishes an interrupted turn first, and only then runs the new message.
+Storage that fails even at open ends the command with the named persistence failure; a path
+that is no usable database, or an unknown session, is a usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sqlite3
+import sys
+from typing import Any
+
+from hermes import persistence_failure
+from hermes.compaction import compact_if_needed
+from hermes.resume import resume_interrupted_turn
+from hermes.runner import PERSISTENCE_FAILED, AIAgent
+from hermes.state import SessionDB, StorageError
+from hermes.transcript import is_final_answer
+from worker.link import SupervisorLink
+from worker.targets import Report, UsageError, open_ledger, show, toolsets_of
+
+log = logging.getLogger("worker")
+
+
+def missing() -> str | None:
+    return None  # our runtime is this project's own package
+
+
+def execute(args: argparse.Namespace, link: SupervisorLink | None, report: Report) -> int:
+    """Run (or resume) the turn `args` asks for, and report its outcome (before letting go of the database)."""
+    try:
+        db = _open_db(args)
+    except sqlite3.Error as exc:  # SQLite could not open it: a read-only directory, a full disk, ...
+        return report(_storage_failure(args, exc))
+    log.info("%s started for session %s", args.command, args.session)
+    ledger = open_ledger(args, link)
+    try:
+        db.create_session(args.session, source="worker", model=args.model, system_prompt=args.system_prompt)
+        db.acquire_lease(args.session, owner=f"pid:{os.getpid()}:inc:{args.incarnation}")
+    except sqlite3.Error as exc:
+        out = _storage_failure(args, exc)
+    else:
+        out = _run_command(args, db, _build_agent(args, db, link))
+    code = report(out)
+    db.close()
+    ledger.close()
+    return code
+
+
+def _open_db(args: argparse.Namespace) -> SessionDB:
+    try:
+        db = SessionDB(args.db, synchronous=args.synchronous, busy_budget_s=args.busy_budget)
+    except StorageError as exc:  # not a usable database path at all (a directory, not SQLite, newer schema)
+        raise UsageError(str(exc)) from None
+    try:
+        known = args.command != "resume" or db.get_session(args.session) is not None
+    except sqlite3.Error:
+        # The file opened but cannot be read (e.g. corrupt pages): claiming the session next
+        # fails with the same error, and that becomes the turn's named storage failure.
+        return db
+    if not known:
+        db.close()
+        raise UsageError(f"session {args.session!r} is not in {args.db}")
+    return db
+
+
+def _storage_failure(args: argparse.Namespace, exc: Exception) -> dict[str, Any]:
+    """The outcome of a worker that could not even claim its session (e.g. the database is locked)."""
+    cause = persistence_failure.classify(exc, args.db)
+    detail = None if cause == "locked" else str(exc)
+    return {"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
+            "final_response": None, "turn_exit_reason": PERSISTENCE_FAILED,
+            "failure_reason": f"{PERSISTENCE_FAILED}:{cause}",
+            "error": persistence_failure.describe(cause, detail, args.db)}
+
+
+def _run_command(args: argparse.Namespace, db: SessionDB, agent: AIAgent) -> dict[str, Any]:
+    resumed = resume_interrupted_turn(agent, system_message=args.system_prompt)
+    if args.command == "resume":
+        return _outcome(resumed)
+    if resumed is not None and not resumed.get("completed"):
+        # The older turn could not finish; a new one must not overtake it.
+        return _outcome(resumed, note="the interrupted turn could not be finished; the new message was not run")
+    finished = _finished_turn(db, args.turn_id)
+    if finished is not None:
+        return finished
+    _compact(agent, args.compact_above)
+    result = agent.run_conversation(args.message, system_message=args.system_prompt,
+                                    conversation_history=db.load_live_messages(args.session),
+                                    turn_id=args.turn_id)
+    return _outcome(result, **({"resumed_turn": resumed.get("turn_id")} if resumed else {}))
+
+
+def _outcome(result: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+    if result is None:
+        return {"outcome": "nothing to resume", **extra}
+    out = {"outcome": "completed" if result.get("completed") else "failed",
+           "session": result.get("session_id"), "turn_id": result.get("turn_id"),
+           "final_response": result.get("final_response"), "turn_exit_reason": result.get("turn_exit_reason"),
+           "api_calls": result.get("api_calls")}
+    if result.get("failed"):
+        out["failure_reason"] = result.get("failure_reason")
+        out["error"] = result.get("error")
+    out.update(extra)
+    return out
+
+
+def _finished_turn(db: SessionDB, turn_id: str | None) -> dict[str, Any] | None:
+    """The outcome of a turn that already ended, so running it again is a no-op, not a duplicate."""
+    turn = db.get_turn(turn_id) if turn_id else None
+    if turn is None or turn["state"] not in ("done", "failed"):
+        return None
+    answers = [r["content"] for r in db.get_messages(turn["session_id"])
+               if r["turn_id"] == turn_id and is_final_answer(r)]
+    out = {"outcome": "completed" if turn["state"] == "done" else "failed", "session": turn["session_id"],
+           "turn_id": turn_id, "final_response": answers[-1] if answers else None,
+           "turn_exit_reason": "already_finished", "api_calls": 0}
+    if turn["state"] == "failed":
+        out.update(failure_reason="already_failed", error=turn["error"])
+    return out
+
+
+def _compact(agent: AIAgent, max_rows: int) -> None:
+    try:
+        if compact_if_needed(agent, max_rows):
+            log.info("compacted session %s", agent.session_id)
+    except Exception as exc:  # an unavailable summarizer must not cost the user their turn
+        log.warning("compaction skipped: %s", exc)
+
+
+def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink | None) -> AIAgent:
+    toolsets = toolsets_of(args)
+    agent_ref: list[AIAgent] = []
+
+    def project(kind: str, **fields: Any) -> None:
+        show(link, args.session, agent_ref[0].turn.id, kind, **fields)
+
+    try:
+        agent = AIAgent(api_key=args.api_key, base_url=args.base_url, model=args.model, session_db=db,
+                        session_id=args.session, enabled_toolsets=toolsets, system_prompt=args.system_prompt,
+                        stream=args.stream, request_timeout=args.timeout, max_retries=args.max_retries,
+                        interim_assistant_callback=lambda text, already_streamed=False: project(
+                            "interim", text=text),
+                        tool_complete_callback=lambda call_id, name, _args, content: project(
+                            "tool_complete", tool_call_id=call_id, tool=name, content=content),
+                        stream_delta_callback=(lambda delta: project("stream", text=delta)) if args.stream else None,
+                        # Always wired, streaming or not: resuming a turn retracts what a killed
+                        # predecessor may have streamed, and the supervisor must hear it.
+                        stream_end_callback=lambda outcome, text: project("stream_end", outcome=outcome, text=text),
+                        http_client=http_client(args.base_url, args.timeout))
+    except ValueError as exc:  # e.g. an unknown toolset
+        raise UsageError(str(exc)) from None
+    agent.session_source = "worker"
+    agent._session_db_created = True
+    agent_ref.append(agent)
+    return agent
+
+
+# ------------------------------------------------------------- the SDK's HTTP client
+_TLS_CONTEXT: Any = None
+
+
+def sdk_http_module() -> Any:
+    """The HTTP library the OpenAI SDK is built on (httpx, or httpx2 in newer SDKs)."""
+    import openai
+
+    client = next(c for c in openai.DefaultHttpxClient.__mro__ if c.__name__ == "Client")
+    return sys.modules[client.__module__.partition(".")[0]]
+
+
+def http_client(base_url: str, timeout: float) -> Any:
+    """An HTTP client for the SDK with the SDK's own defaults, on this process's one TLS context.
+
+    The SDK would build a client per agent, loading the CA store each time (~30 ms). Here the
+    context is built once per process with the same defaults; a fork-server template builds it
+    before forking, so its workers share it. None if the SDK has no such hook (it then builds
+    its own client, as before).
+    """
+    global _TLS_CONTEXT
+    try:
+        import openai
+
+        if _TLS_CONTEXT is None:
+            _TLS_CONTEXT = sdk_http_module().create_ssl_context()
+        return openai.DefaultHttpxClient(base_url=base_url, timeout=timeout, verify=_TLS_CONTEXT)
+    except Exception as exc:  # an SDK without DefaultHttpxClient/create_ssl_context
+        log.debug("no shared HTTP client (%s); the SDK builds its own", exc)
+        return None
