@@ -27,7 +27,8 @@ import pytest
 
 from hermes.probes import POINTS
 from supervisor.chaos.generator import case_file_stem
-from supervisor.chaos.report.html import PAGE_SIZE, case_status, rebuild, slim_case, witness_rows
+from supervisor.chaos.history import witness_rows
+from supervisor.chaos.report.html import PAGE_SIZE, case_status, rebuild, slim_case
 from supervisor.chaos.scenarios import SCENARIOS
 
 REPO = Path(__file__).resolve().parent.parent

@@ -195,3 +195,32 @@ def write_private(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     write_private(path, json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def witness_rows(witness: Any) -> list[int]:
+    """The durable row ids a witness names, wherever in it they are: a "row_id", any list
+    under a key ending in "row_ids" ("row_ids", "assistant_row_ids"), or the "id" of a row
+    quoted whole (a dict that also has a "role"). Used by the checker (rows seen durable) and
+    by the report (rows to point at)."""
+    found: set[int] = set()
+
+    def row_id(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)  # True is an int, never a row id
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key == "row_id" and row_id(item):
+                    found.add(item)
+                elif key.endswith("row_ids") and isinstance(item, list):
+                    found.update(i for i in item if row_id(i))
+                elif key == "id" and row_id(item) and "role" in value:
+                    found.add(item)
+                else:
+                    walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(witness)
+    return sorted(found)

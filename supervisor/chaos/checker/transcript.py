@@ -31,30 +31,7 @@ from supervisor.chaos.checker.verdict import (
     verdict_of,
 )
 from supervisor.chaos.durable import Durable
-from supervisor.chaos.history import canonical_json, row_digest, summarize_row
-
-
-def _witness_row_ids(witness: Any) -> list[int]:
-    """Row ids an event's witness names: "row_id", "row_ids", "assistant_row_ids" (the rows an
-    effect's request was found in), or "rows" as ids, dicts with "id", or a map keyed by id."""
-    if not isinstance(witness, dict):
-        return []
-    found: list[Any] = [witness.get("row_id")]
-    found += list(witness.get("row_ids") or []) + list(witness.get("assistant_row_ids") or [])
-    rows = witness.get("rows")
-    if isinstance(rows, dict):
-        found += list(rows)
-    elif isinstance(rows, list):
-        found += [r.get("id") if isinstance(r, dict) else r for r in rows]
-    ids = []
-    for value in found:
-        if isinstance(value, bool):  # True is an int to Python, never a row id
-            continue
-        try:
-            ids.append(int(value))
-        except (TypeError, ValueError):
-            continue
-    return ids
+from supervisor.chaos.history import canonical_json, row_digest, summarize_row, witness_rows
 
 
 def _snapshots(events: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[int, dict[str, Any]]]]:
@@ -76,7 +53,7 @@ def no_lost_rows(db: DB, events: Sequence[dict[str, Any]]) -> Verdict:
     for event in events:
         if event.get("type") not in ("ui", "effect"):
             continue
-        for row_id in _witness_row_ids(event.get("witness")):
+        for row_id in witness_rows(event.get("witness")):
             seen.setdefault(row_id, {"first_seen": when(event), "row": None})
     final = {r["id"] for r in d.rows}
     lost = sorted(set(seen) - final)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from urllib.parse import quote
 
 from supervisor.chaos.generator import case_file_stem
-from supervisor.chaos.history import write_private
+from supervisor.chaos.history import witness_rows, write_private
 from supervisor.chaos.nemesis import Fault
 
 if TYPE_CHECKING:
@@ -85,29 +85,6 @@ def _valid(case: dict[str, Any]) -> Any:
 def case_entry(result: CaseResult) -> dict[str, Any]:
     """What the page needs of a CaseResult: its report.json entry and the probes its run reached."""
     return dict(result.to_json(), reached=sorted(result.reached))
-
-
-def witness_rows(witness: Any) -> list[int]:
-    """The durable row ids a violation's witness names, wherever in the witness they are."""
-    found: set[int] = set()
-
-    def walk(value: Any) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if key == "row_id" and isinstance(item, int):
-                    found.add(item)
-                elif key.endswith("row_ids") and isinstance(item, list):
-                    found.update(i for i in item if isinstance(i, int))
-                elif key == "id" and isinstance(item, int) and "role" in value:
-                    found.add(item)
-                else:
-                    walk(item)
-        elif isinstance(value, list):
-            for item in value:
-                walk(item)
-
-    walk(witness)
-    return sorted(found)
 
 
 def slim_case(data: dict[str, Any]) -> dict[str, Any]:
