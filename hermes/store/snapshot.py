@@ -89,8 +89,7 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
     and creates nothing.
     """
     source = _database_file(Path(path))
-    wal = _sidecar(source, "-wal")
-    if not _sidecar(source, "-shm").exists() and wal.exists() and wal.stat().st_size > 0:
+    if not _sidecar(source, "-shm").exists() and _size(_sidecar(source, "-wal")) > 0:
         # A live writer always has its index; a WAL without one is what a killed writer left.
         raise LiveReadUnavailable(
             f"{path}: its WAL holds commits but has no -shm index (its writer was killed, or the index "
@@ -104,6 +103,15 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
         raise _unusable(Path(path), exc) or LiveReadUnavailable(
             f"cannot open {path} read-only ({exc}); open_snapshot can read a copy of it") from exc
     return conn
+
+
+def _size(path: Path) -> int:
+    """The size of `path`, 0 when it is absent: a writer closing its last connection
+    checkpoints and deletes its WAL at any moment, so existence is never checked apart."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _file_states(paths: Iterable[Path]) -> list[tuple[int, int, int, int] | None]:

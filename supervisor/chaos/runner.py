@@ -372,8 +372,10 @@ class CaseRunner:
         for source in (self.db, self.ledger):
             for suffix in ("", "-wal"):
                 original = Path(f"{source}{suffix}")
-                if original.exists():
+                try:
                     shutil.copyfile(original, twin / original.name)
+                except FileNotFoundError:
+                    pass  # no WAL (or no ledger yet): the state is the main file alone
         args = self._worker_args("resume", twin / self.db.name, twin / self.ledger.name, self.base_url)
         self._incarnations += 1
         proc = self.pool.spawn(args, incarnation=self._incarnations, on_message=_ack_only,
