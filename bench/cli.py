@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from bench.api import bench_api
 from bench.campaign import bench_campaign
 from bench.daemon import bench_daemon
 from bench.flush import bench_flush
@@ -38,6 +39,7 @@ class Sizes:
     campaign_limit: int | None
     noop_cycles: int
     daemon_turns: int
+    api_turns: int
     memory_runs: int
     upstream: int
 
@@ -46,13 +48,13 @@ def sizes_for(quick: bool, long: bool) -> Sizes:
     if quick:
         return Sizes(flush={"NORMAL": 200, "FULL": 40}, growth=200, resume_rows=10_000, resume_runs=3,
                      recovery_fork=3, recovery_fresh=1, campaign_scenarios=["single-tool"], campaign_limit=5,
-                     noop_cycles=4, daemon_turns=8, memory_runs=12, upstream=50)
+                     noop_cycles=4, daemon_turns=8, api_turns=8, memory_runs=12, upstream=50)
     return Sizes(flush={"NORMAL": 4000, "FULL": 600}, growth=3000, resume_rows=10_000, resume_runs=9,
                  recovery_fork=25, recovery_fresh=5, campaign_scenarios=None, campaign_limit=None,
-                 noop_cycles=40, daemon_turns=200, memory_runs=5000 if long else 300, upstream=400)
+                 noop_cycles=40, daemon_turns=200, api_turns=120, memory_runs=5000 if long else 300, upstream=400)
 
 
-SECTIONS = ("flush", "upstream", "resume", "recovery", "campaign", "daemon", "memory")
+SECTIONS = ("flush", "upstream", "resume", "recovery", "campaign", "daemon", "api", "memory")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         section("daemon", lambda: bench_daemon(report, bench_dir, sizes.daemon_turns, 4, 8,
                                                timeout=120.0 if args.quick else 600.0,
                                                noop_cycles=sizes.noop_cycles))
+        section("api", lambda: bench_api(report, bench_dir, sizes.api_turns))
         section("memory", lambda: bench_memory(report, bench_dir, sizes.memory_runs, args.jobs, fork))
     finally:
         shutil.rmtree(bench_dir, ignore_errors=True)

@@ -349,6 +349,8 @@ class AIAgent:
         empty_replies = 0
         while api_call_count < self.max_iterations:
             api_call_count += 1
+            if not turn.count_model_call():
+                return turn.persistence_failed_result(messages, api_call_count - 1)
             try:
                 reply = self._call_model(messages, system_message)
             except ModelCallError as exc:

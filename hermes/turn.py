@@ -177,6 +177,19 @@ class Turn:
             return False
         return True
 
+    def count_model_call(self) -> bool:
+        """Durably count the model call about to be made (a daemon's per-turn limit reads the
+        count, across restarts); False (and no call is made) if that fails."""
+        db = self.db
+        if db is None or self.id is None:
+            return True
+        try:
+            db.count_model_call(self.agent.session_id, self.id)
+        except Exception as exc:
+            self.note_failure(exc)
+            return False
+        return True
+
     def finish(self, state: str, error: str | None = None) -> bool | None:
         """Record the turn 'done' or 'failed'; None without a database. Only logs a failure: the
         answer (or the failure) is already durable, and recovery derives the rest from it."""

@@ -64,6 +64,7 @@ class SoakConfig:
     late_fraction: float = 0.1      # turns queued while the daemon is down
     submit_rate: float = 0.0        # turns/s submitted while the daemon runs; 0: (almost) all up front
     crash_limit: int = 5
+    max_attempts: int = 25          # worker starts per turn; the random kills may hit one turn several times
     drain_seconds: float = 10.0
 
 
@@ -86,6 +87,7 @@ class SoakResult:
     processes_seen: int = 0
     survivors: list[int] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
+    most_attempts: int = 0          # the most worker starts any turn needed
     workdir: str = ""
 
     def summary(self) -> str:
@@ -94,6 +96,7 @@ class SoakResult:
                 f"p50 {self.latency_p50:.3f}s p99 {self.latency_p99:.3f}s; lease->done p50 {self.service_p50:.3f}s "
                 f"p99 {self.service_p99:.3f}s; {self.kills} worker kills survived, {self.daemon_kills} daemon "
                 f"SIGKILL(s) (its workers gone after {', '.join(f'{s:.2f}s' for s in self.orphan_exit_seconds) or '-'})"
+                f"; at most {self.most_attempts} worker starts for a turn"
                 f"; {self.processes_seen} processes seen, {len(self.survivors)} left")
 
 
@@ -153,6 +156,7 @@ class Soak:
         cmd = [sys.executable, "-m", "supervisor.daemon.cli", "serve", "--db", str(self.db),
                "--workers", str(self.config.workers), "--json-logs", "--log-file", str(self.dir / f"daemon-{n}.log"),
                "--backoff-base", "0.05", "--backoff-max", "1", "--crash-limit", str(self.config.crash_limit),
+               "--max-attempts", str(self.config.max_attempts),
                "--drain-seconds", str(self.config.drain_seconds)]
         proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 start_new_session=True)
@@ -320,6 +324,7 @@ class Soak:
             rows = {s: db.get_messages(s, include_inactive=True) for s in self.order}
             by_id = {t["id"]: t for t in turns}
             r.done = sum(t["state"] == "done" for t in turns)
+            r.most_attempts = max((int(t["attempts"] or 0) for t in turns), default=0)
             r.failed = sum(t["state"] == "failed" for t in turns)
             if len(turns) != r.turns or r.done != r.turns:
                 not_done = [(t["id"], t["state"], t["error"]) for t in turns if t["state"] != "done"][:5]
@@ -346,6 +351,9 @@ class Soak:
         leased = self._first_leases()
         service = [t["ended_at"] - leased[t["id"]] for t in ended if t["id"] in leased]
         r.service_p50, r.service_p99 = round(_percentile(service, 0.5), 3), round(_percentile(service, 0.99), 3)
+        left_behind = sorted(p.name for p in inbox.messages_path(self.db).glob("*"))
+        if left_behind:
+            r.problems.append(f"message files left behind: {left_behind[:5]}")
         if r.daemon_kills != self.config.daemon_kills:
             r.problems.append(f"the daemon was SIGKILLed {r.daemon_kills} times, not {self.config.daemon_kills}")
         r.ok = not r.problems

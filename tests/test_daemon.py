@@ -356,7 +356,7 @@ def test_sigterm_drains_then_the_next_start_resumes(tmp_path: Path, daemons: Cal
         quick, _ = inbox.submit(db, "a", "quick one")
         follow, _ = inbox.submit(db, "a", "follow-up after the quick one")
         slow, _ = inbox.submit(db, "b", "slow one")
-        args = ["--workers", "2", "--base-url", model.base_url, "--model", "scripted-model"]
+        args = ["--workers", "2", "--base-url", model.base_url, "--model", "scripted-model", "--tools", "chaos"]
         daemon = daemons(db, *args, "--drain-seconds", "2.5", "--log-file", str(log))
         wait_for("two turns to start", lambda: turn_state(db, quick) == turn_state(db, slow) == "running")
         assert len(daemon.live_workers()) == 2
@@ -393,7 +393,7 @@ def test_daemon_sigkill_leaves_no_orphans_and_the_next_start_resumes(
     db = tmp_path / "state.db"
     with ScriptedModelServer(slow_script({"slow": 3.0})) as model:
         turns = [inbox.submit(db, f"s{i}", f"slow {i}")[0] for i in range(2)]
-        args = ["--workers", "2", "--base-url", model.base_url, "--model", "scripted-model"]
+        args = ["--workers", "2", "--base-url", model.base_url, "--model", "scripted-model", "--tools", "chaos"]
         daemon = daemons(db, *args)
         wait_for("both turns to start", lambda: [turn_state(db, t) for t in turns] == ["running"] * 2)
         assert len(daemon.live_workers()) == 2

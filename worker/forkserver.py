@@ -11,7 +11,9 @@ itself a child subreaper and so reaps each worker itself, exactly once.
 
 Request frame (worker.protocol.send_with_fds): {"argv": [...]} with two file
 descriptors attached: the worker's control socket and its stderr pipe. Reply:
-{"pid": N} or {"error": "..."}.
+{"pid": N} (N > 1, always the worker's own pid) or {"error": "..."}. A fork that fails, in
+the template or in the intermediate, is an error reply; the intermediate exits whatever
+happens, so it can never go on as a second template.
 """
 from __future__ import annotations
 
@@ -107,26 +109,55 @@ def _become_worker(argv: list[str], control_fd: int, stderr_fd: int, server: soc
 
 
 def _spawn(request: dict, fds: list[int], server: socket.socket) -> int:
-    control_fd, stderr_fd = fds
+    """Double-fork a worker; its pid (> 1). OSError when either fork fails: the template goes on
+    serving, and nothing it forked lives on (the intermediate never returns into this loop)."""
     read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    middle = os.fork()
-    if middle == 0:
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        middle = os.fork()
+        if middle == 0:
+            _intermediate(request, fds, server, read_end, write_end)  # never returns
+        os.close(write_end)
+        write_end = -1
+        _, status = os.waitpid(middle, 0)  # it exits at once; the worker is now the subreaper's child
+        reply = os.read(read_end, 512).decode("ascii", "replace")
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+        for fd in fds:
+            os.close(fd)
+    if reply.isdigit() and int(reply) > 1 and os.waitstatus_to_exitcode(status) == 0:
+        return int(reply)
+    raise OSError(reply.partition(":")[2].strip() if reply.startswith("error:")
+                  else f"the intermediate process ended with status {os.waitstatus_to_exitcode(status)} "
+                       f"and reported {reply!r}")
+
+
+def _intermediate(request: dict, fds: list[int], server: socket.socket, read_end: int, write_end: int) -> None:
+    """In the intermediate child: fork the worker, report its pid (or why there is none) on
+    `write_end`, and exit. Whatever happens, it exits here and never serves requests."""
+    code = 1
+    try:
         os.close(read_end)
         worker = os.fork()
         if worker == 0:
-            os.close(write_end)
-            _become_worker(list(request["argv"]), control_fd, stderr_fd, server)
+            try:
+                os.close(write_end)
+                control_fd, stderr_fd = fds
+                _become_worker(list(request["argv"]), control_fd, stderr_fd, server)
+            finally:
+                os._exit(1)  # _become_worker exits by itself; this only catches a failure before it
         os.write(write_end, str(worker).encode())
-        os._exit(0)
-    os.close(write_end)
-    os.waitpid(middle, 0)  # the intermediate exits at once; the worker is now the subreaper's child
-    pid = int(os.read(read_end, 32) or b"0")
-    os.close(read_end)
-    for fd in fds:
-        os.close(fd)
-    return pid
+        code = 0
+    except BaseException as exc:  # noqa: BLE001  (a failed fork: say so, then exit)
+        try:
+            os.write(write_end, f"error: {type(exc).__name__}: {exc}".encode("ascii", "replace")[:500])
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)
 
 
 def serve(fd: int) -> int:
@@ -146,9 +177,11 @@ def serve(fd: int) -> int:
             replies.send({"error": f"expected 2 file descriptors, got {len(fds)}"})
             continue
         try:
-            replies.send({"pid": _spawn(request, fds, server)})
-        except OSError as exc:
+            pid = _spawn(request, fds, server)
+        except Exception as exc:  # noqa: BLE001  (a failed fork ends this request, never the template)
             replies.send({"error": f"fork failed: {exc}"})
+            continue
+        replies.send({"pid": pid})
 
 
 if __name__ == "__main__":

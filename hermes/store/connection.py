@@ -162,7 +162,7 @@ class Storage:
                 raise StorageError(f"{path}: could not switch to WAL journal mode (got {mode})")
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
-        if version == 0 and not self.readonly:
+        if version < SCHEMA_VERSION and not self.readonly:  # a new file, or an older one to migrate
             self._transaction(conn, lambda c: create_schema(c, path))
 
     def close(self) -> None:

@@ -1,4 +1,9 @@
-"""The tables of a state database, and the version stamped into it (``PRAGMA user_version``)."""
+"""The tables of a state database, and the version stamped into it (``PRAGMA user_version``).
+
+Versions: 1 the first release; 2 adds ``turns.model_calls`` (model calls a turn has made, across
+every process that worked on it). An older file is brought up to date when it is first opened
+for writing (`create_schema`), in the same transaction that checks its version.
+"""
 from __future__ import annotations
 
 import sqlite3
@@ -6,7 +11,7 @@ from pathlib import Path
 
 from hermes.store.errors import StorageError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 STATEMENTS = (
     """CREATE TABLE sessions (
@@ -44,7 +49,8 @@ STATEMENTS = (
         error       TEXT,
         created_at  REAL NOT NULL,
         started_at  REAL,
-        ended_at    REAL
+        ended_at    REAL,
+        model_calls INTEGER NOT NULL DEFAULT 0
     )""",
     "CREATE INDEX turns_by_session ON turns(session_id, state)",
     """CREATE TABLE tool_dispatches (
@@ -61,17 +67,30 @@ STATEMENTS = (
 )
 
 
-def create_schema(conn: sqlite3.Connection, db_path: Path) -> None:
-    """Create the tables inside the caller's write transaction, unless another process just did.
+# version -> the statements that bring a database of that version to the next one
+MIGRATIONS = {
+    1: ("ALTER TABLE turns ADD COLUMN model_calls INTEGER NOT NULL DEFAULT 0",),
+}
 
-    Re-checked under the write lock: another process may have created them meanwhile. A file
-    that holds tables but no schema version belongs to some other application and is refused.
+
+def create_schema(conn: sqlite3.Connection, db_path: Path) -> None:
+    """Create the tables, or migrate older ones, inside the caller's write transaction.
+
+    Re-checked under the write lock: another process may have created or migrated them
+    meanwhile. A file that holds tables but no schema version belongs to some other
+    application and is refused.
     """
-    if conn.execute("PRAGMA user_version").fetchone()[0] != 0:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version >= SCHEMA_VERSION:
         return
-    if conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]:
-        raise StorageError(f"{db_path} holds tables but no hermes schema version; "
-                           "it is some other application's database")
-    for statement in STATEMENTS:
-        conn.execute(statement)
+    if version == 0:
+        if conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]:
+            raise StorageError(f"{db_path} holds tables but no hermes schema version; "
+                               "it is some other application's database")
+        for statement in STATEMENTS:
+            conn.execute(statement)
+    else:
+        for step in range(version, SCHEMA_VERSION):
+            for statement in MIGRATIONS[step]:
+                conn.execute(statement)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -22,7 +22,9 @@ class Turns(Messages):
         conn.execute(
             "INSERT INTO turns (id, session_id, state, user_text, attempts, created_at, started_at) "
             "VALUES (?, ?, 'running', ?, 1, ?, ?) "
-            "ON CONFLICT(id) DO UPDATE SET state = 'running', attempts = attempts + 1, started_at = ?",
+            # A queued turn whose start its daemon already counted (`add_turn_attempt`) is not counted twice.
+            "ON CONFLICT(id) DO UPDATE SET state = 'running', started_at = ?, "
+            "attempts = CASE WHEN state = 'queued' AND attempts > 0 THEN attempts ELSE attempts + 1 END",
             (turn_id, session_id, self._encode_content(user_text), now, now, now))
 
     def finish_turn(self, turn_id: str, state: str, error: str | None = None) -> None:
@@ -34,6 +36,26 @@ class Turns(Messages):
         self._execute_write(lambda c: c.execute(
             "UPDATE turns SET state = ?, error = ?, ended_at = ? WHERE id = ?",
             (state, error, time.time(), turn_id)), session_id=rows[0]["session_id"])
+
+    def count_model_call(self, session_id: str, turn_id: str) -> int:
+        """Durably count one model call of the turn, before it is made; returns the turn's count
+        so far (0 for a turn with no row). Fenced like every write of a leased session."""
+        def write(conn: sqlite3.Connection) -> int:
+            row = conn.execute("UPDATE turns SET model_calls = model_calls + 1 WHERE id = ? RETURNING model_calls",
+                               (turn_id,)).fetchone()
+            return int(row[0]) if row else 0
+
+        return self._execute_write(write, session_id=session_id)
+
+    def add_turn_attempt(self, turn_id: str, delta: int = 1) -> dict[str, Any] | None:
+        """Count a worker start for an unfinished turn (`delta` -1 takes back one that never
+        started); returns the turn row as it is now (None when the turn is unknown)."""
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE turns SET attempts = max(0, attempts + ?) WHERE id = ? "
+                         "AND state IN ('queued', 'running')", (delta, turn_id))
+
+        self._execute_write(write)
+        return self.get_turn(turn_id)
 
     def get_turn(self, turn_id: str) -> dict[str, Any] | None:
         rows = self._read("SELECT * FROM turns WHERE id = ?", (turn_id,))

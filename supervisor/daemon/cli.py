@@ -1,14 +1,22 @@
 """The daemon's commands: serve, submit, status, result.
 
-    hermes-supervisor serve  --db PATH [--workers N] [--base-url URL --model NAME] [--drain-seconds S]
-                             [--crash-limit K] [--backoff-base S] [--backoff-max S] [--turn-timeout S]
-                             [--json-logs] [--log-file PATH] [--log-level LEVEL]
+    hermes-supervisor serve  [--config FILE] --db PATH [--workers N] [--base-url URL --model NAME]
+                             [--api-key-env NAME | --api-key-file PATH] [--tools MODULE[,MODULE]]
+                             [--system-prompt TEXT | --system-prompt-file PATH] [--stream]
+                             [--synchronous FULL|NORMAL] [--drain-seconds S] [--max-attempts N]
+                             [--max-model-calls N] [--crash-limit K] [--backoff-base S] [--backoff-max S]
+                             [--turn-timeout S] [--json-logs] [--log-file PATH] [--log-level LEVEL]
+                             [--http HOST:PORT [--http-allow-remote]]
     hermes-supervisor submit --db PATH --session ID [--turn-id ID] TEXT
     hermes-supervisor status --db PATH [--session ID] [--json]
     hermes-supervisor result --db PATH TURN [--wait] [--timeout S] [--json]
 
+`serve` takes its settings from `--config FILE` (TOML, see supervisor.daemon.config) and
+its flags; a flag given wins over the file. Session and turn ids are checked with
+`hermes.ids.validate_session_id` wherever one is given.
+
 Exit status: serve 0 after a clean stop (SIGTERM/SIGINT), 1 if another daemon already
-serves the database; submit/status 0; result 0 done, 1 failed, 3 not finished yet
+serves the database or its --http address cannot be served; submit/status 0; result 0 done, 1 failed, 3 not finished yet
 (without --wait, or the wait timed out), 4 no such turn; every command 2 on bad
 arguments (one line on stderr).
 
@@ -22,6 +30,7 @@ import argparse
 import json
 import os
 import sqlite3
+import stat
 import sys
 import time
 from pathlib import Path
@@ -43,49 +52,100 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _session_id(value: str) -> str:
+    from hermes.ids import validate_session_id
+
+    try:
+        return validate_session_id(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _turn_id(value: str) -> str:
+    """A turn id follows the session id rule (it is a key, a log field, and may name a file)."""
+    from hermes.ids import validate_session_id
+
+    try:
+        return validate_session_id(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("session id", "turn id")) from None
+
+
 def add_commands(subparsers: Any) -> None:
     """Add serve, submit, status and result to `subparsers` (its parser_class is used)."""
     serve = subparsers.add_parser("serve", help="run the daemon in the foreground: work through the inbox")
-    serve.add_argument("--db", type=Path, required=True, metavar="PATH", help="the session database (created if missing)")
-    serve.add_argument("--workers", type=positive_int, default=4, metavar="N", help="worker processes at once (default 4)")
+    serve.add_argument("--config", type=Path, default=None, metavar="FILE",
+                       help="read the settings from this TOML file (keys as the flags, see README); flags win")
+    serve.add_argument("--db", type=Path, default=None, metavar="PATH",
+                       help="the session database (created if missing); required here or in --config")
+    serve.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                       help="worker processes at once (default 4)")
     serve.add_argument("--base-url", default=None, metavar="URL",
                        help="OpenAI-compatible endpoint; default: a built-in scripted model on 127.0.0.1")
     serve.add_argument("--model", default=None, metavar="NAME", help="model name (required with --base-url)")
-    serve.add_argument("--drain-seconds", type=seconds, default=30.0, metavar="SECONDS",
+    key = serve.add_mutually_exclusive_group()
+    key.add_argument("--api-key-env", default=None, metavar="NAME",
+                     help="the environment variable holding the model's API key (handed to the workers in "
+                          "their environment, never on a command line)")
+    key.add_argument("--api-key-file", type=Path, default=None, metavar="PATH",
+                     help="a file holding the model's API key; refused unless only its owner may read it (0600)")
+    serve.add_argument("--tools", default=None, metavar="MODULE[,MODULE]",
+                       help="the tools offered to the model: toolsets or importable modules of @tool functions "
+                            "(default: none with --base-url; the chaos tools with the built-in demo model)")
+    prompt = serve.add_mutually_exclusive_group()
+    prompt.add_argument("--system-prompt", default=None, metavar="TEXT", help="the agent's system prompt")
+    prompt.add_argument("--system-prompt-file", type=Path, default=None, metavar="PATH",
+                        help="read the system prompt from this file (UTF-8)")
+    serve.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                       help="stream the model's replies (default: no)")
+    serve.add_argument("--synchronous", type=str.upper, choices=("FULL", "NORMAL"), default=None,
+                       help="SQLite durability: FULL (default) fsyncs every commit; NORMAL may lose the last "
+                            "commits on power loss, never on a crash")
+    serve.add_argument("--drain-seconds", type=seconds, default=None, metavar="SECONDS",
                        help="on SIGTERM/SIGINT, how long running turns may take to end (default 30)")
-    serve.add_argument("--crash-limit", type=positive_int, default=5, metavar="K",
+    serve.add_argument("--max-attempts", type=positive_int, default=None, metavar="N",
+                       help="fail a turn once N workers were started for it and none finished it (default 10)")
+    serve.add_argument("--max-model-calls", type=positive_int, default=None, metavar="N",
+                       help="fail a turn once it made N model calls, over all its workers (default 50)")
+    serve.add_argument("--crash-limit", type=positive_int, default=None, metavar="K",
                        help="fail a turn after K attempts in a row that added no durable row (default 5)")
     serve.add_argument("--backoff-base", type=seconds, default=0.25, metavar="SECONDS",
                        help="first restart delay of a turn's worker; doubles per death without progress")
     serve.add_argument("--backoff-max", type=seconds, default=30.0, metavar="SECONDS", help="restart delay cap")
-    serve.add_argument("--turn-timeout", type=seconds, default=900.0, metavar="SECONDS",
+    serve.add_argument("--turn-timeout", type=seconds, default=None, metavar="SECONDS",
                        help="kill a worker whose turn runs longer (counts as a crash; default 900)")
-    serve.add_argument("--request-timeout", type=seconds, default=60.0, metavar="SECONDS",
+    serve.add_argument("--request-timeout", type=seconds, default=None, metavar="SECONDS",
                        help="the workers' model request timeout (default 60)")
-    serve.add_argument("--json-logs", action="store_true", help="log JSON lines")
+    serve.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None, help="log JSON lines")
     serve.add_argument("--log-file", type=Path, default=None, metavar="PATH", help="log here instead of stderr (SIGHUP reopens)")
-    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"))
     serve.add_argument("--no-forkserver", action="store_true",
                        help="start each worker as a fresh interpreter instead of forking a warm template")
+    serve.add_argument("--http", default=None, metavar="HOST:PORT",
+                       help="also serve the HTTP API here (e.g. 127.0.0.1:8080; port 0: any free port); "
+                            "its URL is the first line on stdout. Needs pip install '.[http]'")
+    serve.add_argument("--http-allow-remote", action="store_true",
+                       help="let --http listen on an address that is not loopback")
     serve.set_defaults(daemon_command="serve")
 
     submit = subparsers.add_parser("submit", help="queue a user turn; prints its turn id")
     submit.add_argument("--db", type=Path, required=True, metavar="PATH")
-    submit.add_argument("--session", required=True, metavar="ID")
-    submit.add_argument("--turn-id", default=None, metavar="ID", help="choose the id (submitting it again is a no-op)")
+    submit.add_argument("--session", required=True, type=_session_id, metavar="ID")
+    submit.add_argument("--turn-id", default=None, type=_turn_id, metavar="ID",
+                        help="choose the id (submitting it again is a no-op)")
     submit.add_argument("--json", action="store_true")
     submit.add_argument("text", metavar="TEXT", help="the user message (use -- before a text starting with -)")
     submit.set_defaults(daemon_command="submit")
 
     status = subparsers.add_parser("status", help="sessions, turns and live workers")
     status.add_argument("--db", type=Path, required=True, metavar="PATH")
-    status.add_argument("--session", default=None, metavar="ID")
+    status.add_argument("--session", default=None, type=_session_id, metavar="ID")
     status.add_argument("--json", action="store_true")
     status.set_defaults(daemon_command="status")
 
     result = subparsers.add_parser("result", help="print a turn's final answer")
     result.add_argument("--db", type=Path, required=True, metavar="PATH")
-    result.add_argument("turn", metavar="TURN", help="a turn id, as submit printed it")
+    result.add_argument("turn", type=_turn_id, metavar="TURN", help="a turn id, as submit printed it")
     result.add_argument("--wait", action="store_true", help="wait until the turn ends")
     result.add_argument("--timeout", type=seconds, default=300.0, metavar="SECONDS",
                         help="with --wait: give up after this long (default 300; 0 = forever)")
@@ -110,30 +170,164 @@ def _writable_db(path: Path) -> Path:
     return path
 
 
+def _serve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The serve settings: each flag given, else its key in --config, else absent (the default)."""
+    from supervisor.daemon import config as config_file
+
+    loaded: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            loaded = config_file.load(args.config)
+        except config_file.ConfigError as exc:
+            raise UsageError(str(exc)) from None
+    for group in config_file.EXCLUSIVE:  # a flag of a group replaces the file's whole group
+        if any(getattr(args, dest, None) is not None for dest in group):
+            for dest in group:
+                loaded.pop(dest, None)
+    settings = dict(loaded)
+    for dest in (*config_file.DESTS, "http"):  # `http`: the HTTP API's flag, checked where it is defined
+        value = getattr(args, dest, None)
+        if value is not None:
+            settings[dest] = value
+    return settings
+
+
+def _read_system_prompt(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--system-prompt-file {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--system-prompt-file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _api_key(settings: dict[str, Any]) -> tuple[str | None, Path | None]:
+    """(the key, to hand to the workers in their environment) or (None, the 0600 file they read it from)."""
+    if settings.get("api_key_env") is not None:
+        name = settings["api_key_env"]
+        value = os.environ.get(name, "").strip()
+        if not value:
+            raise UsageError(f"api_key_env {name}: the environment variable {name} is not set or empty")
+        return value, None
+    path = settings.get("api_key_file")
+    if path is None:
+        return None, None
+    path = Path(path).absolute()
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise UsageError(f"api_key_file {path}: cannot read it ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"api_key_file {path}: not a regular file")
+    if st.st_mode & 0o077:
+        raise UsageError(f"api_key_file {path}: mode {stat.S_IMODE(st.st_mode):04o} lets other users read the key; "
+                         f"chmod 600 {path}")
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"api_key_file {path}: cannot read it ({exc})") from None
+    if not key or any(c.isspace() for c in key):
+        raise UsageError(f"api_key_file {path}: expected one API key and nothing else")
+    return None, path
+
+
+def _check_tools(value: str) -> list[str]:
+    """Import the tool modules `value` names, as each worker will; returns the directories the
+    workers need on their import path for them. UsageError (one line) if any cannot be offered."""
+    from worker.targets import load_tools
+
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # a module in the directory serve runs in, as `python -m` would find it
+    try:
+        load_tools(value)
+    except ValueError as exc:
+        raise UsageError(f"--tools {value!r}: {exc}") from None
+    roots: list[str] = []
+    for name in (n.strip() for n in value.split(",")):
+        module = sys.modules.get(name.partition(".")[0]) if name else None
+        origin = getattr(module, "__file__", None)
+        if not origin:
+            continue
+        folder = Path(origin).parent
+        root = str(folder.parent if Path(origin).name == "__init__.py" else folder)
+        if root not in roots:
+            roots.append(root)
+    return roots
+
+
+def _check_http(config: Any, allow_remote: bool) -> None:
+    """`--http` (or `http` in --config): a loopback HOST:PORT unless allowed, and its packages installed."""
+    from supervisor.daemon.http import INSTALL_HINT, missing_dependencies, parse_listen
+
+    try:
+        parse_listen(str(config.http), allow_remote)
+    except ValueError as exc:
+        raise UsageError(f"--http {config.http}: {exc}") from None
+    missing = missing_dependencies()
+    if missing:
+        raise UsageError(f"--http needs {', '.join(missing)}, which are not installed: {INSTALL_HINT}")
+    config.http_allow_remote = allow_remote
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     from hermes.state import StorageError
+    from supervisor.daemon.http import HttpStartError
     from supervisor.daemon.inbox import AlreadyRunning
     from supervisor.daemon.service import DaemonConfig, serve
 
-    db = _writable_db(args.db)
-    if (args.base_url is None) != (args.model is None):
+    settings = _serve_settings(args)
+    if settings.get("db") is None:
+        raise UsageError("--db is required (or db in --config)")
+    db = _writable_db(Path(settings["db"]))
+    base_url, model = settings.get("base_url"), settings.get("model")
+    if (base_url is None) != (model is None):
         raise UsageError("--base-url and --model go together (without both, the built-in scripted model is used)")
-    if args.base_url is not None and not args.base_url.startswith(("http://", "https://")):
-        raise UsageError(f"--base-url {args.base_url!r} is not an http(s) URL")
-    if args.turn_timeout <= 0 or args.request_timeout <= 0:
+    if base_url is not None and not base_url.startswith(("http://", "https://")):
+        raise UsageError(f"--base-url {base_url!r} is not an http(s) URL")
+    turn_timeout = settings.get("turn_timeout", 900.0)
+    request_timeout = settings.get("request_timeout", 60.0)
+    if turn_timeout <= 0 or request_timeout <= 0:
         raise UsageError("--turn-timeout and --request-timeout must be more than 0")
-    if args.log_file is not None and not args.log_file.parent.is_dir():
-        raise UsageError(f"--log-file {args.log_file}: directory {args.log_file.parent} does not exist")
+    log_file = settings.get("log_file")
+    if log_file is not None and not Path(log_file).parent.is_dir():
+        raise UsageError(f"--log-file {log_file}: directory {Path(log_file).parent} does not exist")
+    system_prompt = settings.get("system_prompt")
+    if settings.get("system_prompt_file") is not None:
+        system_prompt = _read_system_prompt(Path(settings["system_prompt_file"]))
+    if system_prompt is not None and len(system_prompt.encode("utf-8")) > 100_000:
+        raise UsageError("the system prompt is longer than 100000 bytes")
+    api_key, api_key_file = _api_key(settings)
+    tools = settings.get("tools")
+    if tools is None and base_url is None:
+        tools = "chaos"  # the built-in demo model looks things up with the chaos tools
+    import_roots = _check_tools(tools) if tools else []
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     os.environ.setdefault("no_proxy", os.environ["NO_PROXY"])
-    config = DaemonConfig(db=db.absolute(), workers=args.workers, base_url=args.base_url, model=args.model,
-                          drain_seconds=args.drain_seconds, crash_limit=args.crash_limit,
-                          backoff_base=args.backoff_base, backoff_max=max(args.backoff_max, args.backoff_base),
-                          turn_timeout=args.turn_timeout, request_timeout=args.request_timeout,
-                          forkserver=not args.no_forkserver)
+    backoff_base = args.backoff_base if args.backoff_base is not None else 0.25
+    backoff_max = args.backoff_max if args.backoff_max is not None else 30.0
+    config = DaemonConfig(db=db.absolute(), workers=settings.get("workers", 4), base_url=base_url, model=model,
+                          drain_seconds=settings.get("drain_seconds", 30.0),
+                          crash_limit=settings.get("crash_limit", 5),
+                          max_attempts=settings.get("max_attempts", 10),
+                          max_model_calls=settings.get("max_model_calls", 50),
+                          backoff_base=backoff_base, backoff_max=max(backoff_max, backoff_base),
+                          turn_timeout=turn_timeout, request_timeout=request_timeout,
+                          forkserver=not args.no_forkserver, tools=tools or "", import_paths=import_roots,
+                          system_prompt=system_prompt, stream=bool(settings.get("stream", False)),
+                          synchronous=settings.get("synchronous", "FULL"), http=settings.get("http"),
+                          api_key=api_key, api_key_file=api_key_file)
+    if config.http:
+        _check_http(config, bool(getattr(args, "http_allow_remote", False)))
     try:
-        return serve(config, json_logs=args.json_logs, log_file=args.log_file, log_level=args.log_level)
+        return serve(config, json_logs=bool(settings.get("json_logs", False)),
+                     log_file=Path(log_file) if log_file is not None else None,
+                     log_level=settings.get("log_level", "info"))
     except AlreadyRunning as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except HttpStartError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except StorageError as exc:
@@ -175,6 +369,8 @@ def _print_status(data: dict[str, Any]) -> None:
               f"workers busy, model {daemon.get('model')} at {daemon.get('base_url')}")
     else:
         print("daemon: not running")
+    if daemon.get("pid") and (daemon.get("http") or {}).get("url"):
+        print(f"http API: {daemon['http']['url']}")
     for w in live:
         print(f"  worker pid {w['pid']}  session {w['session']}  turn {w['turn']}  for {_age(w.get('started_at'))}")
     counts = data["counts"]
@@ -183,6 +379,8 @@ def _print_status(data: dict[str, Any]) -> None:
         print(f"session {session['id']}")
         for turn in session["turns"]:
             line = f"  {turn['id']}  {turn['state']:7}  attempts {turn['attempts']}"
+            if turn.get("model_calls"):
+                line += f"  model calls {turn['model_calls']}"
             if turn["crashes"]:
                 line += f"  crashes {turn['crashes']}"
             if turn["error"]:

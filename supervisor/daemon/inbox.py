@@ -12,6 +12,9 @@ Next to the database the daemon keeps two small private files:
                        start time, so a pid reused by another process is never
                        mistaken for a worker), and per-turn restart bookkeeping.
                        Rewritten atomically (temp file + rename) on every change.
+    PATH.daemon.msgs/  (0700) one 0600 file per running worker holding its turn's
+                       text, so that no command line carries it; removed when the
+                       worker exits, emptied when a daemon starts or stops.
 
 Everything here only reads, except `submit` (one BEGIN IMMEDIATE transaction),
 `acquire_lock` and `write_status` (the daemon's own files).
@@ -38,6 +41,10 @@ def lock_path(db_path: Path) -> Path:
 
 def status_path(db_path: Path) -> Path:
     return Path(f"{db_path}.daemon.json")
+
+
+def messages_path(db_path: Path) -> Path:
+    return Path(f"{db_path}.daemon.msgs")
 
 
 def ledger_path(db_path: Path) -> Path:
@@ -145,6 +152,7 @@ def snapshot(db_path: Path, session_id: str | None = None) -> dict[str, Any]:
                 notes = bookkeeping.get(turn["id"], {})
                 entry = {"id": turn["id"], "state": turn["state"],
                          "attempts": max(int(turn["attempts"] or 0), int(notes.get("spawns", 0))),
+                         "model_calls": int(turn.get("model_calls") or 0),
                          "crashes": int(notes.get("crashes", 0)),
                          "error": turn["error"] or (notes.get("last_error") if turn["state"] != "done" else None),
                          "submitted_at": turn["created_at"], "ended_at": turn["ended_at"]}

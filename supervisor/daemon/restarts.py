@@ -7,6 +7,12 @@ about progress; durable rows do: K consecutive attempts without a single new row
 turn is a crash loop, and the turn is given up with a reason a person can act on. A worker
 killed from outside before it reported reaching the turn did not attempt it and is not
 counted towards K.
+
+Two limits hold across restarts, since they are counted on the turn's row: the worker
+starts (``attempts``, counted by the daemon before each start) and the model calls
+(``model_calls``, counted by the runtime before each call). A turn that reaches either is
+given up too (`limit_reason`); the attempts limit also ends a turn whose every worker dies
+after saving something, which the crash-loop rule alone would retry forever.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection
 
 if TYPE_CHECKING:
@@ -50,10 +57,13 @@ class Lease:
     proc: WorkerProcess = None  # type: ignore[assignment]  # set once the worker is started
     started: float = field(default_factory=time.monotonic)
     started_wall: float = field(default_factory=time.time)
-    killed_for: str | None = None     # "timeout" or "drain" when the daemon killed it
+    killed_for: str | None = None     # "timeout", "drain" or "model-calls" when the daemon killed it
     reached: bool = False             # the worker reported a probe: it was working on the turn
     outcome: dict[str, Any] | None = None
     stderr: collections.deque = field(default_factory=lambda: collections.deque(maxlen=8))
+    model_calls_at_start: int = 0     # the turn's durable count of model calls when the worker started
+    model_calls: int = 0              # model calls of the turn this worker reported (probe model.request)
+    message_file: Path | None = None  # the turn's text, handed to the worker; removed once it exits
 
 
 def _signal_name(number: int) -> str:
@@ -195,3 +205,22 @@ class RestartPolicy:
             reason += f" Last worker log line: {last_log[:300]}"
         reason += " Fix the cause (see the worker logs for this turn), then submit the message again."
         return reason
+
+
+def limit_reason(turn: dict[str, Any], *, max_attempts: int, max_model_calls: int, last: str | None = None,
+                 answered: bool = False) -> str | None:
+    """Why `turn` (its row) may not get another worker, or None while it is within its limits.
+    `answered`: the turn already holds its final answer (a worker needs no model call to end it)."""
+    attempts, calls = int(turn.get("attempts") or 0), int(turn.get("model_calls") or 0)
+    session = turn["session_id"]
+    later = f"The daemon stopped retrying it so that the later turns of session {session!r} can run."
+    if calls >= max_model_calls and not answered:
+        return (f"model-call limit: this turn has made {calls} model calls (the limit is {max_model_calls}, "
+                f"over all its workers) without reaching an answer. {later} The transcript so far is kept; "
+                "submit a narrower request, or raise --max-model-calls (limits.max_model_calls).")
+    if attempts >= max_attempts:
+        return (f"attempt limit: {attempts} workers were started for this turn (the limit is {max_attempts}) and "
+                f"none finished it" + (f" (last: {last})" if last else "") + f". {later} Look at the worker "
+                "logs for this turn and fix the cause, then submit the message again (or raise --max-attempts, "
+                "limits.max_attempts).")
+    return None

@@ -4,9 +4,18 @@ Each worker gets one end of a socketpair as its control channel (inherited, so n
 other user can reach it) and a pipe for its JSON-lines stderr. Three threads per
 worker: the channel reader, the stderr reader, and the reaper, which is the only
 code that ever waits on the child.
+
+A process that made itself a child subreaper (``become_subreaper``) also inherits every
+orphan its workers leave behind (a tool that forked and returned), and must reap those
+too or they stay zombies: ``reap_orphans`` waits for each child of this process that no
+thread here waits for (``claim_child`` registers one; the pools register theirs). Code
+in such a process that starts children some other way must claim them, or let the pool
+start them. No pid of 1 or less is ever signalled or handed out: a fork server's reply of
+one is refused as an error.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -17,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import psutil
 
@@ -26,13 +35,97 @@ from worker.protocol import Channel, ChannelClosed, send_with_fds
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def child_env() -> dict[str, str]:
-    """The environment for workers: loopback is never proxied, the project is importable."""
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for workers: loopback is never proxied, the project is importable;
+    `extra` (e.g. a secret that must stay out of every command line) on top."""
     env = dict(os.environ)
+    env.update(extra or {})
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     return env
+
+
+# ------------------------------------------------------------ this process's children
+_children_lock = threading.Lock()
+_claimed: set[int] = set()   # children some thread of this process waits for itself
+_starting = 0                # children being started whose pid is not claimed yet
+
+
+def claim_child(pid: int) -> None:
+    """Say that some code of this process waits for child `pid` itself: `reap_orphans` leaves it alone."""
+    with _children_lock:
+        _claimed.add(pid)
+
+
+def release_child(pid: int) -> None:
+    """`pid` was waited for (it no longer exists as our child)."""
+    with _children_lock:
+        _claimed.discard(pid)
+
+
+@contextlib.contextmanager
+def starting_child() -> Iterator[None]:
+    """Around the start of a child and its `claim_child`: until then `reap_orphans` reaps nothing
+    (the new child could exit before it is claimed)."""
+    global _starting
+    with _children_lock:
+        _starting += 1
+    try:
+        yield
+    finally:
+        with _children_lock:
+            _starting -= 1
+
+
+def _child_pids() -> set[int]:
+    """This process's children, zombies included (every thread's, from /proc; psutil if absent)."""
+    pids: set[int] = set()
+    found = False
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        tasks = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children", encoding="ascii") as fh:
+                pids.update(int(p) for p in fh.read().split())
+            found = True
+        except (OSError, ValueError):
+            continue
+    if not found:
+        try:
+            pids = {c.pid for c in psutil.Process().children()}
+        except psutil.Error:
+            pids = set()
+    return pids
+
+
+def reap_orphans(kill: bool = False) -> list[tuple[int, int]]:
+    """Reap every exited child of this process that nobody here waits for (orphans a subreaper
+    inherited); `kill`: SIGKILL those still running first (at shutdown), and reap them too.
+    Returns (pid, exit status as subprocess gives it) of each one reaped."""
+    reaped: list[tuple[int, int]] = []
+    for _ in range(10 if kill else 1):  # a killed orphan's own children are inherited next
+        with _children_lock:
+            if _starting:
+                return reaped
+            strays = sorted(p for p in _child_pids() - _claimed if p > 1)
+            for pid in strays:
+                if kill:
+                    try:  # our child, not yet reaped, so the pid is still this very process
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                try:
+                    done, status = os.waitpid(pid, 0 if kill else os.WNOHANG)
+                except ChildProcessError:
+                    continue
+                if done == pid:
+                    reaped.append((pid, os.waitstatus_to_exitcode(status)))
+        if not strays:
+            break
+    return reaped
 
 
 @dataclass
@@ -68,7 +161,7 @@ class WorkerProcess:
 
     def signal_group(self, sig: int) -> bool:
         """Send `sig` to the worker's process group (its pgid is its recorded pid)."""
-        if not self._same_process():
+        if self.pid <= 1 or not self._same_process():  # killpg(0) would be our own group; 1 every process
             return False
         try:
             os.killpg(self.pid, sig)
@@ -89,8 +182,9 @@ MessageHandler = Callable[[WorkerProcess, dict[str, Any]], None]
 LogHandler = Callable[[WorkerProcess, bytes], None]
 
 
-def _become_subreaper() -> bool:
-    """Make this process adopt orphaned descendants (Linux), so it can reap fork-server workers."""
+def become_subreaper() -> bool:
+    """Make this process adopt orphaned descendants (Linux), so it can reap fork-server workers
+    (and must reap the orphans they leave: see `reap_orphans`)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
@@ -101,11 +195,13 @@ def _become_subreaper() -> bool:
 class ForkServer:
     """The supervisor's handle on a warm `python -m worker.forkserver` template."""
 
-    def __init__(self, python: str) -> None:
+    def __init__(self, python: str, env: dict[str, str] | None = None) -> None:
         ours, theirs = socket.socketpair()
-        self.process = subprocess.Popen([python, "-m", "worker.forkserver", str(theirs.fileno())],
-                                        pass_fds=[theirs.fileno()], start_new_session=True,
-                                        stdin=subprocess.DEVNULL, env=child_env(), cwd=REPO_ROOT)
+        with starting_child():
+            self.process = subprocess.Popen([python, "-m", "worker.forkserver", str(theirs.fileno())],
+                                            pass_fds=[theirs.fileno()], start_new_session=True,
+                                            stdin=subprocess.DEVNULL, env=child_env(env), cwd=REPO_ROOT)
+            claim_child(self.process.pid)
         theirs.close()
         self.sock = ours
         self.lock = threading.Lock()
@@ -115,8 +211,11 @@ class ForkServer:
             send_with_fds(self.sock, {"argv": argv}, [control_fd, stderr_fd])
             reply = Channel(self.sock).recv()
         if "pid" not in reply:
-            raise OSError(f"fork server could not start a worker: {reply.get('error')}")
-        return int(reply["pid"])
+            raise OSError(f"the worker template failed: {reply.get('error')}")
+        pid = reply["pid"]
+        if type(pid) is not int or pid <= 1:  # never a pid to signal: 0 is our own group, 1 is init
+            raise OSError(f"the worker template replied with pid {pid!r}, not a worker's")
+        return pid
 
     def close(self) -> None:
         self.sock.close()  # the template exits when its socket closes
@@ -125,20 +224,24 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        release_child(self.process.pid)
 
 
 class Pool:
     """Starts workers (fresh interpreters, or forks of a warm template) and keeps one reaper per child."""
 
-    def __init__(self, python: str = sys.executable, *, forkserver: bool = False) -> None:
+    def __init__(self, python: str = sys.executable, *, forkserver: bool = False,
+                 env: dict[str, str] | None = None) -> None:
+        """`env`: set in every worker's environment (and the template's), on top of this process's."""
         self.python = python
+        self.env = dict(env or {})
         self._live: dict[int, WorkerProcess] = {}
         self._lock = threading.Lock()
         self._forkserver: ForkServer | None = None
         if forkserver:
-            if not _become_subreaper():
+            if not become_subreaper():
                 raise OSError("the fork server needs PR_SET_CHILD_SUBREAPER (Linux)")
-            self._forkserver = ForkServer(python)
+            self._forkserver = ForkServer(python, self.env)
 
     def _launch(self, argv: list[str], control_fd: int) -> tuple[int, Any, Callable[[], int]]:
         """Start one worker; returns (pid, its stderr as a binary file, a blocking wait for its status)."""
@@ -146,12 +249,15 @@ class Pool:
             read_end, write_end = os.pipe()
             try:
                 pid = self._forkserver.fork(argv, control_fd, write_end)
+            except BaseException:
+                os.close(read_end)
+                raise
             finally:
                 os.close(write_end)
             return pid, os.fdopen(read_end, "rb"), lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         popen = subprocess.Popen([self.python, "-m", "worker", *argv, "--control", str(control_fd)],
                                  pass_fds=[control_fd], start_new_session=True, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(self.env),
                                  cwd=REPO_ROOT)
         return popen.pid, popen.stderr, popen.wait
 
@@ -160,7 +266,15 @@ class Pool:
               label: str | None = None) -> WorkerProcess:
         ours, theirs = socket.socketpair()
         try:
-            pid, stderr, wait = self._launch([*args, "--incarnation", str(incarnation)], theirs.fileno())
+            with starting_child():
+                pid, stderr, wait = self._launch([*args, "--incarnation", str(incarnation)], theirs.fileno())
+                if pid <= 1:  # no launcher hands out such a pid (see ForkServer.fork); never signal one
+                    stderr.close()
+                    raise OSError(f"refusing worker pid {pid}: not a process of its own")
+                claim_child(pid)
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         try:
@@ -189,6 +303,7 @@ class Pool:
 
         def reap() -> None:
             proc.returncode = wait()  # the one and only wait on this child
+            release_child(proc.pid)
             for reader in readers:
                 reader.join(timeout=5)
             proc.channel.close()

@@ -1,0 +1,209 @@
+"""`serve --config FILE`: the daemon's settings in a TOML file, checked before anything starts.
+
+    db = "state.db"                        # relative paths are relative to the file's directory
+    base_url = "https://api.example.com/v1"
+    model = "some-model"
+    api_key_env = "EXAMPLE_API_KEY"        # or: api_key_file = "api.key" (mode 0600)
+    system_prompt = "You are terse."       # or: system_prompt_file = "prompt.txt"
+    tools = ["examples.notes_tools"]
+    workers = 4
+    synchronous = "FULL"
+    stream = false
+    http = "127.0.0.1:8080"
+    drain_seconds = 30
+
+    [limits]
+    max_attempts = 10
+    max_model_calls = 50
+    turn_timeout = 900
+    crash_limit = 5
+
+`load(path)` returns the values under the names of the `serve` flags they stand for
+(`tools` joined with commas, paths made absolute); a flag given on the command line wins
+over the file. An unknown key, a value of the wrong type or out of range, or two keys that
+exclude each other raise ConfigError naming the key.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Callable
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+class ConfigError(ValueError):
+    """A config file the daemon refuses; the message names the file and the key."""
+
+
+# ------------------------------------------------------------------ checks
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be a non-empty string")
+    return value
+
+
+def _any_text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    return value
+
+
+def _url(value: Any) -> str:
+    if not _text(value).startswith(("http://", "https://")):
+        raise ValueError(f"{value!r} is not an http(s) URL")
+    return value
+
+
+def _env_name(value: Any) -> str:
+    if not isinstance(value, str) or not _ENV_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not an environment variable name")
+    return value
+
+
+def _whole(minimum: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if type(value) is not int:
+            raise ValueError(f"must be a whole number, not {value!r}")
+        if value < minimum:
+            raise ValueError(f"must be at least {minimum}, not {value}")
+        return value
+    return check
+
+
+def _seconds(positive: bool) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise ValueError(f"must be a finite number of seconds, not {value!r}")
+        if value < 0 or (positive and value == 0):
+            raise ValueError(f"must be {'more than' if positive else 'at least'} 0, not {value}")
+        return float(value)
+    return check
+
+
+def _bool(value: Any) -> bool:
+    if type(value) is not bool:
+        raise ValueError(f"must be true or false, not {value!r}")
+    return value
+
+
+def _synchronous(value: Any) -> str:
+    if not isinstance(value, str) or value.upper() not in ("FULL", "NORMAL"):
+        raise ValueError(f"must be \"FULL\" or \"NORMAL\", not {value!r}")
+    return value.upper()
+
+
+def _log_level(value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, not {value!r}")
+    return value.lower()
+
+
+def _tools(value: Any) -> str:
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list of toolset or module names, like [\"examples.notes_tools\"], not {value!r}")
+    for item in value:
+        if not isinstance(item, str) or not _MODULE_NAME.fullmatch(item):
+            raise ValueError(f"{item!r} is not a toolset or module name")
+    return ",".join(value)
+
+
+def http_address(value: Any) -> str:
+    """`host:port` (an IPv6 host in brackets); the port 0 to 65535 (0: any free one)."""
+    if not isinstance(value, str) or ":" not in value:
+        raise ValueError(f"must be \"HOST:PORT\", like \"127.0.0.1:8080\", not {value!r}")
+    host, _, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or any(c.isspace() for c in host) or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"must be \"HOST:PORT\" with a port from 0 to 65535, not {value!r}")
+    return value
+
+
+def _path(base: Path) -> Callable[[Any], Path]:
+    def check(value: Any) -> Path:
+        return base / Path(_text(value)).expanduser()
+    return check
+
+
+# key -> (the serve flag's dest, its check); built per file (paths are relative to it)
+def _keys(base: Path) -> dict[str, tuple[str, Callable[[Any], Any]]]:
+    path = _path(base)
+    return {
+        "db": ("db", path),
+        "base_url": ("base_url", _url),
+        "model": ("model", _text),
+        "api_key_env": ("api_key_env", _env_name),
+        "api_key_file": ("api_key_file", path),
+        "system_prompt": ("system_prompt", _any_text),
+        "system_prompt_file": ("system_prompt_file", path),
+        "tools": ("tools", _tools),
+        "workers": ("workers", _whole(1)),
+        "synchronous": ("synchronous", _synchronous),
+        "stream": ("stream", _bool),
+        "http": ("http", http_address),
+        "drain_seconds": ("drain_seconds", _seconds(positive=False)),
+        "request_timeout": ("request_timeout", _seconds(positive=True)),
+        "log_file": ("log_file", path),
+        "log_level": ("log_level", _log_level),
+        "json_logs": ("json_logs", _bool),
+    }
+
+
+LIMITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "max_attempts": ("max_attempts", _whole(1)),
+    "max_model_calls": ("max_model_calls", _whole(1)),
+    "turn_timeout": ("turn_timeout", _seconds(positive=True)),
+    "crash_limit": ("crash_limit", _whole(1)),
+}
+EXCLUSIVE = (("api_key_env", "api_key_file"), ("system_prompt", "system_prompt_file"))
+# every serve flag a key stands for (`http` is the HTTP API's own flag, when there is one)
+DESTS = ("db", "base_url", "model", "api_key_env", "api_key_file", "system_prompt", "system_prompt_file", "tools",
+         "workers", "synchronous", "stream", "drain_seconds", "request_timeout", "log_file", "log_level", "json_logs",
+         *(dest for dest, _ in LIMITS.values()))
+
+
+def known_keys() -> list[str]:
+    return [*_keys(Path(".")), *(f"limits.{k}" for k in LIMITS)]
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The settings in `path`, checked, under the names of the serve flags (see the module doc)."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    keys = _keys(Path(os.path.abspath(path)).parent)
+    out: dict[str, Any] = {}
+
+    def take(name: str, value: Any, spec: tuple[str, Callable[[Any], Any]] | None, table: str) -> None:
+        if spec is None:
+            known = ", ".join(known_keys())
+            raise ConfigError(f"--config {path}: unknown key {table + name!r} (known: {known})")
+        dest, check = spec
+        try:
+            out[dest] = check(value)
+        except ValueError as exc:
+            raise ConfigError(f"--config {path}: {table}{name}: {exc}") from None
+
+    for name, value in data.items():
+        if name == "limits":
+            if not isinstance(value, dict):
+                raise ConfigError(f"--config {path}: limits must be a table ([limits]), not {value!r}")
+            for limit, number in value.items():
+                take(limit, number, LIMITS.get(limit), "limits.")
+        else:
+            take(name, value, keys.get(name), "")
+    for first, second in EXCLUSIVE:
+        if first in out and second in out:
+            raise ConfigError(f"--config {path}: {first} and {second} exclude each other; keep one")
+    return out
