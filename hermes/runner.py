@@ -110,6 +110,7 @@ class AIAgent:
         system_prompt: str | None = None,
         stream: bool = False,
         max_iterations: int = 24,
+        max_model_calls: int | None = None,
         max_concurrent_tools: int = 8,
         request_timeout: float = 120.0,
         max_retries: int = 2,
@@ -140,6 +141,9 @@ class AIAgent:
                              **({"http_client": http_client} if http_client is not None else {}))
         self.stream = stream
         self.max_iterations = max_iterations
+        # Model calls per turn over all its attempts, counted on the turn's row (None: no limit beyond
+        # max_iterations, which counts the calls of one attempt only).
+        self.max_model_calls = max_model_calls
         self.max_concurrent_tools = max_concurrent_tools
         self.system_prompt = system_prompt
         self._cached_system_prompt: str | None = None
@@ -349,8 +353,15 @@ class AIAgent:
         empty_replies = 0
         while api_call_count < self.max_iterations:
             api_call_count += 1
-            if not turn.count_model_call():
+            counted = turn.count_model_call()
+            if counted == "failed":
                 return turn.persistence_failed_result(messages, api_call_count - 1)
+            if counted == "limit":
+                return turn.failed_result(
+                    messages, api_call_count - 1, "model_call_limit", "model-call limit",
+                    f"this turn has made {self.max_model_calls} model calls, its limit over all its attempts, "
+                    "without reaching an answer. The transcript so far is kept and well-formed; submit a "
+                    "narrower request, or raise the limit (--max-model-calls).")
             try:
                 reply = self._call_model(messages, system_message)
             except ModelCallError as exc:

@@ -177,18 +177,19 @@ class Turn:
             return False
         return True
 
-    def count_model_call(self) -> bool:
-        """Durably count the model call about to be made (a daemon's per-turn limit reads the
-        count, across restarts); False (and no call is made) if that fails."""
+    def count_model_call(self) -> str:
+        """Durably count the model call about to be made, so the agent's `max_model_calls` holds
+        across restarts: "counted"; "limit" when the turn has made all the calls it may (nothing
+        is counted, no call is made); "failed" when the write failed (no call is made)."""
         db = self.db
         if db is None or self.id is None:
-            return True
+            return "counted"
         try:
-            db.count_model_call(self.agent.session_id, self.id)
+            counted = db.count_model_call(self.agent.session_id, self.id, self.agent.max_model_calls)
         except Exception as exc:
             self.note_failure(exc)
-            return False
-        return True
+            return "failed"
+        return "limit" if counted is None else "counted"
 
     def finish(self, state: str, error: str | None = None) -> bool | None:
         """Record the turn 'done' or 'failed'; None without a database. Only logs a failure: the

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from supervisor.chaos.schema import SchemaReader
 from supervisor.chaos.schema import hermes as hermes_schema
 from supervisor.chaos.schema import hermes_agent as hermes_agent_schema
+from supervisor.chaos.schema import openai_agents as openai_agents_schema
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,14 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
            hermes_agent_schema, modules=("run_agent", "hermes_state"), extra="upstream", package=_UPSTREAM,
            install_hint=(f"the hermes-agent target needs upstream Hermes: pip install 'hermes-supervisor[upstream]' "
                          f"(installs {_UPSTREAM}), or pip install {_UPSTREAM} next to this project")),
+    # The OpenAI Agents SDK records no dispatch intents (it stores a tool call together with its
+    # output, after the tool ran), emits its stream events before the session write that holds
+    # them, and never retracts streamed text: findings on those promises are CONTRACT, not DAMAGE.
+    Target("openai-agents", "the OpenAI Agents SDK (pip install 'hermes-supervisor[openai-agents]')",
+           Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False),
+           openai_agents_schema, modules=("agents",), extra="openai-agents", package="openai-agents>=0.24,<0.25",
+           install_hint=("the openai-agents target needs the OpenAI Agents SDK: pip install "
+                         "'hermes-supervisor[openai-agents]' (installs openai-agents>=0.24,<0.25)")),
 )}
 DEFAULT_TARGET = "hermes"
 

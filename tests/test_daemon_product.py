@@ -113,15 +113,18 @@ def test_no_command_line_holds_the_message_or_the_api_key(
     key = f"sk-test-{uuid.uuid4().hex}"
     env = env_for(tmp_path, EXAMPLE_API_KEY=key)
     secret = f"slow: the secret message {uuid.uuid4().hex}"
+    prompt = f"the secret system prompt {uuid.uuid4().hex}"
+    (tmp_path / "prompt.txt").write_text(prompt, encoding="utf-8")
     with ScriptedModelServer(slow_script({"slow": 60.0})) as model:
         daemon = daemons(db, "--base-url", model.base_url, "--model", "scripted-model", "--tools", "chaos",
-                         "--api-key-env", "EXAMPLE_API_KEY", "--no-forkserver", "--drain-seconds", "0", env=env)
+                         "--api-key-env", "EXAMPLE_API_KEY", "--no-forkserver", "--drain-seconds", "0",
+                         "--system-prompt-file", str(tmp_path / "prompt.txt"), env=env)
         messages_dir = inbox.messages_path(db)
         assert stat.S_IMODE(messages_dir.stat().st_mode) == 0o700
 
         quick = submit(db, "q", "a quick one")
         wait_for("the quick turn to end", lambda: state_of(db, quick) == "done")
-        wait_for("its message file to be removed", lambda: not any(messages_dir.iterdir()))
+        wait_for("its message file to be removed", lambda: not list(messages_dir.glob("*.msg")))
 
         slow = submit(db, "s", secret)
         wait_for("the slow turn to run", lambda: state_of(db, slow) == "running")
@@ -131,6 +134,7 @@ def test_no_command_line_holds_the_message_or_the_api_key(
         for proc in [psutil.Process(daemon.pid), *psutil.Process(daemon.pid).children(recursive=True)]:
             line = "\0".join(proc.cmdline())
             assert secret not in line and "secret message" not in line and key not in line, line
+            assert "secret system prompt" not in line, line
         argv = worker.cmdline()
         assert "-m" in argv and "worker" in argv  # a fresh interpreter: its command line is its own
         message_file = Path(next(a for a in argv if a.startswith("--message-file=")).partition("=")[2])

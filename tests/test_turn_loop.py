@@ -380,3 +380,16 @@ def test_finalize_uses_streamed_text_for_a_blank_answer_row(make_agent, db: Sess
     assistants = [r for r in db.get_messages("turn-session", include_inactive=True) if r["role"] == "assistant"]
     assert [(r["id"], r["content"]) for r in assistants] == [(blank_row, "text the user already saw")]
     assert messages[1]["_row_id"] == blank_row and len(messages) == 2
+
+
+def test_the_model_call_limit_is_refused_before_the_call_and_ends_the_turn_well_formed(
+        make_agent, bench: Bench, server, db: SessionDB, durable) -> None:
+    agent = make_agent(max_model_calls=1)
+    result = agent.run_conversation("run the three tools")
+    assert result["completed"] is False and result["failure_reason"] == "model-call limit"
+    assert server.request_count == 1 and len(bench.ran) == 3  # the tools ran; the second call was never made
+    rows = durable("turn-session")
+    assert [m["role"] for m in rows] == ["user", "assistant", "tool", "tool", "tool"]
+    turn = db.get_turn(agent.turn.id)
+    assert turn["state"] == "failed" and turn["model_calls"] == 1
+    assert turn["error"].startswith("model-call limit: this turn has made 1 model calls")

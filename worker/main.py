@@ -84,9 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--busy-budget", type=float, default=10.0, metavar="SECONDS")
         sub.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="model request timeout")
         sub.add_argument("--max-retries", type=int, default=2)
-        sub.add_argument("--system-prompt", default=None)
+        sub.add_argument("--max-model-calls", type=int, default=None, metavar="N",
+                         help="model calls per turn over all its attempts, counted durably on the turn "
+                              "(default: no limit beyond the runtime's per-attempt iterations)")
+        prompt = sub.add_mutually_exclusive_group()
+        prompt.add_argument("--system-prompt-file", type=Path, default=None, metavar="PATH",
+                            help="read the system prompt from this file (UTF-8, taken exactly as written)")
+        prompt.add_argument("--system-prompt", default=None,
+                            help="the system prompt on the command line (visible in the process list)")
         sub.add_argument("--target", default="hermes", choices=targets.NAMES,
                          help="the agent under test: ours (default) or upstream's hermes-agent (see worker.targets)")
+        sub.add_argument("--durability", default=None, choices=("exit", "async", "sync"),
+                         help="--target langgraph only: LangGraph's durability mode (default: sync)")
         if name == "run":
             message = sub.add_mutually_exclusive_group(required=True)
             message.add_argument("--message-file", type=Path, default=None, metavar="PATH",
@@ -145,6 +154,8 @@ def _read_inputs(args: argparse.Namespace) -> None:
     """Read the API key and the message from where they were asked to come from."""
     if args.api_key_file is not None:
         args.api_key = _read_api_key(args.api_key_file)
+    if args.system_prompt_file is not None:
+        args.system_prompt = _read_text(args.system_prompt_file, "--system-prompt-file")
     if args.command != "run":
         return
     if args.message_file is not None:
@@ -172,6 +183,8 @@ def _validate(args: argparse.Namespace) -> KillPlan | None:
         raise UsageError(f"--base-url {args.base_url!r} is not an http(s) URL")
     if args.busy_budget < 0 or args.timeout <= 0 or args.max_retries < 0:
         raise UsageError("--busy-budget, --timeout and --max-retries must not be negative")
+    if args.max_model_calls is not None and args.max_model_calls < 1:
+        raise UsageError("--max-model-calls must be at least 1")
     if args.db.is_dir():
         raise UsageError(f"--db {args.db} is a directory, not a database file")
     if args.command == "resume" and not args.db.exists():
@@ -180,6 +193,8 @@ def _validate(args: argparse.Namespace) -> KillPlan | None:
         raise UsageError(f"--db {args.db}: directory {args.db.parent} does not exist")
     if args.kill_mode != "self" and args.control is None:
         raise UsageError(f"--kill-mode {args.kill_mode} needs --control: the supervisor does the killing")
+    if args.durability is not None and args.target != "langgraph":
+        raise UsageError(f"--durability is LangGraph's option (--target langgraph), not --target {args.target}'s")
     plan = None
     if args.kill_at is not None:
         try:

@@ -37,13 +37,17 @@ class Turns(Messages):
             "UPDATE turns SET state = ?, error = ?, ended_at = ? WHERE id = ?",
             (state, error, time.time(), turn_id)), session_id=rows[0]["session_id"])
 
-    def count_model_call(self, session_id: str, turn_id: str) -> int:
+    def count_model_call(self, session_id: str, turn_id: str, limit: int | None = None) -> int | None:
         """Durably count one model call of the turn, before it is made; returns the turn's count
-        so far (0 for a turn with no row). Fenced like every write of a leased session."""
-        def write(conn: sqlite3.Connection) -> int:
-            row = conn.execute("UPDATE turns SET model_calls = model_calls + 1 WHERE id = ? RETURNING model_calls",
-                               (turn_id,)).fetchone()
-            return int(row[0]) if row else 0
+        so far (0 for a turn with no row), or None, counting nothing, when the turn has already
+        made `limit` calls. Fenced like every write of a leased session."""
+        def write(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute("UPDATE turns SET model_calls = model_calls + 1 "
+                               "WHERE id = ? AND (? IS NULL OR model_calls < ?) RETURNING model_calls",
+                               (turn_id, limit, limit)).fetchone()
+            if row is not None:
+                return int(row[0])
+            return None if conn.execute("SELECT 1 FROM turns WHERE id = ?", (turn_id,)).fetchone() else 0
 
         return self._execute_write(write, session_id=session_id)
 

@@ -273,9 +273,10 @@ def _check_http(config: Any, allow_remote: bool) -> None:
 
 def _run_serve(args: argparse.Namespace) -> int:
     from hermes.state import StorageError
+    from supervisor.daemon.config import DaemonConfig
     from supervisor.daemon.http import HttpStartError
     from supervisor.daemon.inbox import AlreadyRunning
-    from supervisor.daemon.service import DaemonConfig, serve
+    from supervisor.daemon.service import serve
 
     settings = _serve_settings(args)
     if settings.get("db") is None:

@@ -29,12 +29,44 @@ import math
 import os
 import re
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+@dataclass
+class DaemonConfig:
+    """The daemon's settings, from flags and the file together (supervisor.daemon.cli)."""
+
+    db: Path
+    workers: int = 4
+    base_url: str | None = None          # None: start the built-in scripted model on loopback
+    model: str | None = None
+    drain_seconds: float = 30.0
+    crash_limit: int = 5                 # K consecutive attempts without durable progress
+    backoff_base: float = 0.25
+    backoff_max: float = 30.0
+    turn_timeout: float = 900.0          # a worker running one turn longer than this is killed
+    request_timeout: float = 60.0        # the worker's model request timeout
+    poll_seconds: float = 0.25           # how often the inbox is looked at when nothing else happens
+    # The workers' --tools: None means the chaos tools for the built-in demo model (no base_url)
+    # and none at all for a real model; "" is none.
+    tools: str | None = None
+    import_paths: list[str] = field(default_factory=list)  # where the workers find the tool modules
+    forkserver: bool = True
+    system_prompt: str | None = None
+    stream: bool = False
+    synchronous: str = "FULL"            # the database's durability (daemon and workers)
+    max_attempts: int = 10               # worker starts per turn, over all its restarts
+    max_model_calls: int = 50            # model calls per turn, over all its workers
+    api_key: str | None = field(default=None, repr=False)  # handed to the workers as $OPENAI_API_KEY
+    api_key_file: Path | None = None     # or: the 0600 file each worker reads it from
+    http: str | None = None              # "HOST:PORT" of the HTTP API (supervisor.daemon.http); None: off
+    http_allow_remote: bool = False      # let `http` name a host that is not loopback
 
 
 class ConfigError(ValueError):

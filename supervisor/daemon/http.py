@@ -484,6 +484,23 @@ class HttpApi:
             self.streams -= 1
 
 
+def serve_api(daemon: Daemon, listen: str, allow_remote: bool) -> HttpApi:
+    """Serve the HTTP API of `daemon` on `listen` ("HOST:PORT") in a thread. Its URL is the first
+    line on stdout (and in the status file); HttpStartError says why it could not start."""
+    try:
+        host, port = parse_listen(listen, allow_remote)
+        api = HttpApi(daemon, host, port)
+        api.start()
+    except (ValueError, OSError, RuntimeError) as exc:
+        raise HttpStartError(f"cannot serve the HTTP API on {listen}: {exc}") from exc
+    try:
+        print(api.url, flush=True)
+    except OSError:  # nobody reads stdout: the status file and the log still say it
+        pass
+    info("HTTP API listening", url=api.url, token_file=str(token_path(daemon.db_path)))
+    return api
+
+
 def _quiet_server(config: Any) -> Any:
     """A uvicorn.Server that installs no signal handlers: SIGTERM and SIGINT stay the daemon's."""
     import uvicorn

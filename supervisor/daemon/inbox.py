@@ -47,6 +47,10 @@ def messages_path(db_path: Path) -> Path:
     return Path(f"{db_path}.daemon.msgs")
 
 
+def cancels_path(db_path: Path) -> Path:
+    return Path(f"{db_path}.daemon.cancels")
+
+
 def ledger_path(db_path: Path) -> Path:
     return Path(f"{db_path}.effects")
 
@@ -117,6 +121,17 @@ def process_alive(pid: Any, create_time: Any) -> bool:
 
 
 # ------------------------------------------------------------------ reading
+def session_heads(db: SessionDB) -> list[dict[str, Any]]:
+    """Per session, the turn that must run next: a running one, else its oldest queued one;
+    the interrupted (running) heads first, then in submission order."""
+    heads: dict[str, dict[str, Any]] = {}
+    for turn in db.next_turns():
+        current = heads.get(turn["session_id"])
+        if current is None or (turn["state"] == "running" and current["state"] != "running"):
+            heads[turn["session_id"]] = turn
+    return sorted(heads.values(), key=lambda t: (t["state"] != "running", t["seq"]))
+
+
 def final_answer(db: SessionDB, turn: dict[str, Any]) -> str | None:
     """The turn's final answer: its last original assistant row with text and no tool calls."""
     answers = [r["content"] for r in db.get_messages(turn["session_id"], include_inactive=True)

@@ -10,7 +10,8 @@ counted towards K.
 
 Two limits hold across restarts, since they are counted on the turn's row: the worker
 starts (``attempts``, counted by the daemon before each start) and the model calls
-(``model_calls``, counted by the runtime before each call). A turn that reaches either is
+(``model_calls``, counted by the runtime before each call, which refuses a call over the
+limit: `--max-model-calls`). A turn that reaches either is
 given up too (`limit_reason`); the attempts limit also ends a turn whose every worker dies
 after saving something, which the crash-loop rule alone would retry forever.
 """
@@ -57,12 +58,10 @@ class Lease:
     proc: WorkerProcess = None  # type: ignore[assignment]  # set once the worker is started
     started: float = field(default_factory=time.monotonic)
     started_wall: float = field(default_factory=time.time)
-    killed_for: str | None = None     # "timeout", "drain" or "model-calls" when the daemon killed it
+    killed_for: str | None = None     # "timeout", "drain" or "cancel" when the daemon killed it
     reached: bool = False             # the worker reported a probe: it was working on the turn
     outcome: dict[str, Any] | None = None
     stderr: collections.deque = field(default_factory=lambda: collections.deque(maxlen=8))
-    model_calls_at_start: int = 0     # the turn's durable count of model calls when the worker started
-    model_calls: int = 0              # model calls of the turn this worker reported (probe model.request)
     message_file: Path | None = None  # the turn's text, handed to the worker; removed once it exits
 
 

@@ -4,32 +4,23 @@ One process, in the foreground (fit for systemd), serving one session database:
 
 * **Exclusive.** It holds `PATH.daemon.lock` with flock(2) for its whole life; a second
   daemon on the same database is refused and told the holder's pid.
-* **Leasing.** Each pass of the loop reads the unfinished turns in submission order
-  (the turns table's rowid) and hands the oldest unfinished turn of each idle session
-  to a new worker, up to `workers` at once: one worker per session at a time, so the
-  turns of a session run strictly in the order they were submitted. A worker is
-  `python -m worker run --turn-id T --message-file F`, forked from a warm template; it
-  first finishes any interrupted turn of its session, then T, and re-running the same
-  command after a crash never duplicates a turn. The worker takes the session's
-  fencing lease itself, so a straggler can never write after a newer worker started.
-  No command line carries the user's text or the API key: the text is in F (0600, in a
-  0700 directory next to the database, removed when the worker exits), the key in the
-  worker's environment (or a 0600 file it reads).
-* **Resuming.** A turn found 'running' (its worker or the daemon died) is simply the
-  head of its session again: the next worker finishes it. On start that covers every
+* **Leasing.** Each pass of the loop reads the unfinished turns in submission order and
+  hands the oldest unfinished turn of each idle session to a new worker
+  (supervisor.daemon.launcher), up to `workers` at once: one worker per session at a time,
+  so the turns of a session run strictly in the order they were submitted. The worker
+  takes the session's fencing lease itself, so a straggler can never write after a newer
+  worker started.
+* **Resuming.** A turn found 'running' (its worker or the daemon died) is simply the head
+  of its session again: the next worker finishes it, and on start that covers every
   interrupted turn in the database, unasked.
-* **Restarts and crash loops** (supervisor.daemon.restarts). A worker that ends while its
-  turn is still unfinished (killed by a signal, timed out, or failed without finishing) is
-  replaced after a jittered exponential backoff. Uptime says nothing about progress;
-  durable rows do: before each worker starts, the daemon counts the turn's message rows,
-  and counts again when it dies. K consecutive attempts without a single new row is a
-  crash loop: the turn is ended 'failed' with a reason a person can act on (its dangling
-  tool calls get a result saying so, so the transcript stays well-formed and the
-  session's later turns can run).
-* **Limits** (counted on the turn's row, so they hold across restarts of workers and of
-  the daemon): `max_attempts` worker starts and `max_model_calls` model calls per turn.
-  A worker that starts a call over the limit is killed as soon as it reports it; a turn
-  over either limit is given up like a crash loop.
+* **Restarts, crash loops and limits** (supervisor.daemon.restarts). A worker that ends
+  while its turn is unfinished is replaced after a backoff. K consecutive attempts without
+  a new durable row, `max_attempts` worker starts or `max_model_calls` model calls (both
+  counted on the turn's row, so they hold across restarts) end the turn 'failed', with a
+  reason a person can act on and its dangling calls answered (supervisor.daemon.giving_up).
+  The worker itself refuses a model call over the limit, before making it.
+* **Cancelling** (supervisor.daemon.cancels): the turn's worker is killed and the turn ends
+  'failed' with the error "cancelled", well-formed, even across a daemon restart.
 * **Draining.** SIGTERM or SIGINT: stop leasing, give the running turns up to
   `drain_seconds` to end, then SIGKILL the rest by recorded pid (their turns stay
   'running' and are resumed by the next start). A second signal cuts the drain short.
@@ -38,29 +29,23 @@ One process, in the foreground (fit for systemd), serving one session database:
   runs (after the `add_ready_hook` callbacks, e.g. a listener being bound), STOPPING=1
   when the drain starts, WATCHDOG=1 every WATCHDOG_USEC/2 from the loop itself.
 * **Model.** Without a base URL it serves the built-in demo model on loopback
-  (supervisor.daemon.demo); only then is the scripted model server loaded at all. The
-  chaos tools (whose `restart_agent` kills its own worker) are offered only to that demo
-  model, or when `tools` names them; with a base URL and no `tools`, no tool is offered.
-* **No orphans.** Workers run in their own sessions and are killed by recorded pid
-  (never by name); the daemon is their subreaper and reaps each exactly once, and it
-  reaps every orphan it inherits from them too (a tool's child that outlived its worker;
-  still running at shutdown, it is killed). If the
-  daemon itself is SIGKILLed, each worker's control channel closes and the worker
-  kills itself; the template exits when its socket closes. On start, anything a
-  previous daemon recorded as its worker and that is still the same process
-  (pid and start time) is killed.
+  (supervisor.daemon.demo). The chaos tools (whose `restart_agent` kills its own worker)
+  are offered only to that demo model, or when `tools` names them.
+* **No orphans.** Workers run in their own sessions and are killed by recorded pid; the
+  daemon is their subreaper and reaps each exactly once, and every orphan it inherits from
+  them too (a tool's child that outlived its worker; killed if still running at shutdown).
+  If the daemon itself is SIGKILLed, each worker's control channel closes and the worker
+  kills itself; the template exits when its socket closes. On start, anything a previous
+  daemon recorded as its worker and that is still the same process is killed.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import os
 import queue
-import select
 import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -69,12 +54,18 @@ import psutil
 from hermes import private_files
 from hermes.state import SessionDB, StorageError
 from supervisor.daemon import inbox
+from supervisor.daemon.cancels import CANCELLED, CancelRequests
+from supervisor.daemon.config import DaemonConfig
+from supervisor.daemon.drain import Drain
+from supervisor.daemon.giving_up import end_turn
 from supervisor.daemon.inbox import AlreadyRunning
+from supervisor.daemon.launcher import Launcher, kill_recorded
 from supervisor.daemon.log import ReopenableFile, info, log, setup_logging, warn, worker_line
 from supervisor.daemon.metrics import DaemonMetrics
 from supervisor.daemon.restarts import Lease, RestartPolicy, TurnNotes, limit_reason
 from supervisor.daemon.systemd import Notifier
-from supervisor.procs.pool import Pool, WorkerProcess, become_subreaper, reap_orphans
+from supervisor.daemon.wakeup import LoopCalls, Wakeup
+from supervisor.procs.pool import WorkerProcess, become_subreaper, reap_orphans
 from worker.protocol import ChannelClosed
 
 if TYPE_CHECKING:
@@ -83,47 +74,6 @@ if TYPE_CHECKING:
 
 DEMO_MODEL = "scripted-model"  # the name the built-in demo model answers as
 
-# What a tool call left without a result gets when its turn is given up.
-_UNKNOWN_RESULT = ("The daemon gave this turn up before this tool call's result was saved. The call was "
-                   "dispatched: it may or may not have taken effect. Check before relying on it or asking "
-                   "for it again. Reason: {reason}")
-_NOT_RUN_RESULT = "Not run: the daemon gave this turn up before the tool was dispatched. Reason: {reason}"
-# The same, for a turn ended by a cancel request (POST /v1/turns/{id}/cancel): its error is CANCELLED.
-CANCELLED = "cancelled"
-_CANCELLED_UNKNOWN = ("The turn was cancelled while this tool call was running, so its result was never saved: it "
-                      "may or may not have taken effect. Check before relying on it or asking for it again.")
-_CANCELLED_NOT_RUN = "Not run: the turn was cancelled before the tool was dispatched."
-
-
-# ------------------------------------------------------------------ config
-@dataclass
-class DaemonConfig:
-    db: Path
-    workers: int = 4
-    base_url: str | None = None          # None: start the built-in scripted model on loopback
-    model: str | None = None
-    drain_seconds: float = 30.0
-    crash_limit: int = 5                 # K consecutive attempts without durable progress
-    backoff_base: float = 0.25
-    backoff_max: float = 30.0
-    turn_timeout: float = 900.0          # a worker running one turn longer than this is killed
-    request_timeout: float = 60.0        # the worker's model request timeout
-    poll_seconds: float = 0.25           # how often the inbox is looked at when nothing else happens
-    # The workers' --tools: None means the chaos tools for the built-in demo model (no base_url)
-    # and none at all for a real model; "" is none.
-    tools: str | None = None
-    import_paths: list[str] = field(default_factory=list)  # where the workers find the tool modules
-    forkserver: bool = True
-    system_prompt: str | None = None
-    stream: bool = False
-    synchronous: str = "FULL"            # the database's durability (daemon and workers)
-    max_attempts: int = 10               # worker starts per turn, over all its restarts
-    max_model_calls: int = 50            # model calls per turn, over all its workers
-    api_key: str | None = field(default=None, repr=False)  # handed to the workers as $OPENAI_API_KEY
-    api_key_file: Path | None = None     # or: the 0600 file each worker reads it from
-    http: str | None = None              # "HOST:PORT" of the HTTP API (supervisor.daemon.http); None: off
-    http_allow_remote: bool = False      # let `http` name a host that is not loopback
-
 
 class Daemon:
     def __init__(self, config: DaemonConfig, *, log_handler: logging.Handler | None = None) -> None:
@@ -131,8 +81,7 @@ class Daemon:
         self.db_path = Path(config.db)
         self.log_handler = log_handler
         self.db: SessionDB | None = None
-        self.pool: Pool | None = None
-        self.retired_pools: list[Pool] = []
+        self.launcher: Launcher | None = None
         self.server: ScriptedModelServer | None = None
         self.base_url = config.base_url or ""
         self.model = config.model or DEMO_MODEL
@@ -145,8 +94,7 @@ class Daemon:
         self.state = "starting"
         self.stop_requested = 0                       # signals received
         self.reopen_requested = False
-        self.drain_deadline: float | None = None
-        self.drain_killed_at: float | None = None
+        self.drain: Drain | None = None               # set by the first SIGTERM/SIGINT
         self.totals = {"spawned": 0, "worker_deaths": 0, "turns_ended": 0, "turns_given_up": 0}
         self.lock_fd: int | None = None
         self.tools = config.tools if config.tools is not None else ("" if config.base_url else "chaos")
@@ -159,57 +107,30 @@ class Daemon:
         self._next_watchdog = 0.0
         self._child_exited = True                     # SIGCHLD seen: look for orphans to reap
         self._next_orphan_scan = 0.0
-        self.messages_dir = inbox.messages_path(self.db_path)
         self._dirty = True
         self.metrics = DaemonMetrics()                # what GET /metrics reports of the daemon itself
         self.http: HttpApi | None = None              # the HTTP API (config.http), in a thread of its own
         self.http_url: str | None = None
-        self.cancels: dict[str, str] = {}             # turn -> session: cancel requested, not carried out yet
-        self.requests: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.cancels = CancelRequests(self.db_path)   # cancel requested, not carried out yet
+        self.wakeup = Wakeup()
+        self.calls = LoopCalls(self.wakeup)           # work other threads (the HTTP API) ask of the loop
         self._create_time = psutil.Process(os.getpid()).create_time()
-
-    # ------------------------------------------------------------ wake-ups
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
 
     def wake(self) -> None:
         """Look at the inbox now (e.g. a turn was just submitted); safe from any thread."""
-        self._wake()
+        self.wakeup.wake()
 
-    # --------------------------------------------- requests of other threads
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         """Run `fn` in the daemon's loop (its next pass); the future holds its result. From any thread."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
         if self.state not in ("starting", "running", "draining"):
+            future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_exception(RuntimeError(f"the daemon is {self.state}"))
             return future
-        self.requests.put((fn, future))
-        self._wake()
-        return future
+        return self.calls.submit(fn)
 
     def request_cancel(self, turn_id: str) -> concurrent.futures.Future:
         """Cancel a turn (see `_cancel`); from any thread."""
         return self.call(lambda: self._cancel(turn_id))
-
-    def _run_requests(self, error: str | None = None) -> None:
-        while True:
-            try:
-                fn, future = self.requests.get_nowait()
-            except queue.Empty:
-                return
-            if not future.set_running_or_notify_cancel():
-                continue
-            if error is not None:
-                future.set_exception(RuntimeError(error))
-                continue
-            try:
-                future.set_result(fn())
-            except Exception as exc:
-                future.set_exception(exc)
 
     # ----------------------------------------------------------- cancelling
     def _cancel(self, turn_id: str) -> dict[str, Any]:
@@ -228,9 +149,7 @@ class Daemon:
         if turn["state"] not in ("queued", "running"):
             return {**out, "cancelling": False}
         session = turn["session_id"]
-        if turn_id not in self.cancels:
-            self.cancels[turn_id] = session
-            self._save_cancels()
+        if self.cancels.add(turn_id, session):
             info("cancel requested", session=session, turn=turn_id, state=turn["state"])
         lease = self.leases.get(session)
         if lease is not None and lease.turn == turn_id and lease.killed_for is None:
@@ -239,47 +158,13 @@ class Daemon:
         self._dirty = True
         return {**out, "cancelling": True}
 
-    def _save_cancels(self) -> None:
-        """PATH.daemon.cancels: the cancel requests not carried out yet (fsynced: a restart still honours them)."""
-        path = inbox.status_path(self.db_path).with_suffix(".cancels")
-        temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        private_files.write_private(temp, json.dumps({"turns": self.cancels}), fsync=True)
-        os.replace(temp, path)
-
-    def _load_cancels(self) -> None:
-        path = inbox.status_path(self.db_path).with_suffix(".cancels")
-        try:
-            turns = json.loads(path.read_text(encoding="utf-8")).get("turns") or {}
-        except (OSError, ValueError, AttributeError):
-            return
-        self.cancels = {str(t): str(s) for t, s in turns.items()} if isinstance(turns, dict) else {}
-
-    def _forget_cancel(self, turn_id: str) -> None:
-        if self.cancels.pop(turn_id, None) is not None:
-            try:
-                self._save_cancels()
-            except OSError as exc:  # it only costs a look at an ended turn on the next start
-                log.error("could not rewrite the cancel requests: %s", exc)
-
     def _give_up_cancelled(self) -> None:
         """End every cancelled turn that heads its session and has no worker."""
-        for turn in self._heads():
+        for turn in inbox.session_heads(self.db):
             if turn["id"] in self.cancels and turn["session_id"] not in self.leases:
                 notes = self.restarts.notes_for(turn["id"])
                 notes.give_up = CANCELLED
                 self._give_up(turn["id"], turn["session_id"], notes)
-
-    def _wait(self, timeout: float) -> None:
-        try:
-            ready, _, _ = select.select([self._wake_r], [], [], max(0.0, timeout))
-        except InterruptedError:
-            return
-        if ready:
-            try:
-                while os.read(self._wake_r, 4096):
-                    pass
-            except (BlockingIOError, OSError):
-                pass
 
     def _on_signal(self, number: int, _frame: Any) -> None:
         # Only flags: the loop does the work (the wakeup fd has already woken it).
@@ -291,7 +176,7 @@ class Daemon:
             self.stop_requested += 1
 
     def install_signal_handlers(self) -> None:
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        signal.set_wakeup_fd(self.wakeup.fd, warn_on_full_buffer=False)
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(number, self._on_signal)
 
@@ -300,7 +185,6 @@ class Daemon:
         listener: systemd then hears READY only once it is bound). A hook that raises stops the daemon."""
         self.ready_hooks.append(hook)
 
-
     # ------------------------------------------------------- worker events
     def _on_message(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
@@ -308,8 +192,6 @@ class Daemon:
             lease = self.by_incarnation.get(proc.incarnation)
             if lease is not None:
                 lease.reached = True
-                if msg.get("name") == "model.request" and (msg.get("ctx") or {}).get("turn") == lease.turn:
-                    self._count_model_call(proc, lease)
         elif kind in ("ui", "effect"):
             proc.send({"type": "ack", "seq": msg.get("seq")})  # the worker waits for this
         elif kind == "outcome":
@@ -317,15 +199,6 @@ class Daemon:
             if lease is not None:
                 lease.outcome = msg.get("result")
             self.metrics.note_outcome(msg.get("result"))
-
-    def _count_model_call(self, proc: WorkerProcess, lease: Lease) -> None:
-        """On the channel's thread: the worker is about to call the model for its turn (the call is
-        already counted on the turn's row). Over the limit, it is killed at once."""
-        lease.model_calls += 1
-        if lease.model_calls_at_start + lease.model_calls > self.config.max_model_calls and lease.killed_for is None:
-            lease.killed_for = "model-calls"
-            proc.kill("model-call-limit")
-            self._wake()
 
     def _on_log(self, proc: WorkerProcess, line: bytes) -> None:
         text = line.decode("utf-8", "replace").rstrip()
@@ -338,7 +211,7 @@ class Daemon:
 
     def _on_exit(self, proc: WorkerProcess) -> None:  # a reaper thread
         self.exits.put(proc)
-        self._wake()
+        self.wakeup.wake()
 
     # -------------------------------------------------------------- startup
     def _kill_leftovers(self) -> None:
@@ -346,15 +219,7 @@ class Daemon:
         old = inbox.read_status(self.db_path)
         if not old:
             return
-        for entry in [*old.get("workers", []), *old.get("templates", [])]:
-            if not isinstance(entry.get("pid"), int) or entry["pid"] <= 1:
-                continue  # never a group of ours (0) or every process (1, -1)
-            if inbox.process_alive(entry.get("pid"), entry.get("create_time")):
-                try:
-                    os.killpg(int(entry["pid"]), signal.SIGKILL)
-                    warn("killed a leftover process of a previous daemon", pid=entry["pid"])
-                except (ProcessLookupError, PermissionError):
-                    pass
+        kill_recorded([*old.get("workers", []), *old.get("templates", [])])
         self.restarts.restore(old.get("turns") or {})
 
     def start(self) -> None:
@@ -363,7 +228,6 @@ class Daemon:
         become_subreaper()  # orphans of the workers' tools come to this process, which reaps them
         try:
             self.db = SessionDB(self.db_path, synchronous=self.config.synchronous)
-            self._clear_messages_dir()
         except (StorageError, OSError):
             self._release_lock()
             raise
@@ -372,73 +236,34 @@ class Daemon:
 
             self.server = demo.start_model(self.model)
             self.base_url = self.server.base_url
-        self.pool = self._new_pool()
+        self.launcher = Launcher(self.config, base_url=self.base_url, model=self.model, tools=self.tools)
+        self.launcher.start()
         unfinished = self.db.unfinished_turns()
         interrupted = [t for t in unfinished if t["state"] == "running"]
         queued = len(unfinished) - len(interrupted)
         self.restarts.keep_only({t["id"] for t in unfinished})  # notes of turns that ended under the last daemon
-        self._load_cancels()
-        self.cancels = {t: s for t, s in self.cancels.items() if t in {u["id"] for u in unfinished}}
+        self.cancels.load({t["id"] for t in unfinished})
         self.state = "running"
         self._dirty = True
         if self.config.http:
-            self._start_http()
+            from supervisor.daemon.http import serve_api  # starlette and uvicorn only when asked for
+
+            self.http = serve_api(self, str(self.config.http), self.config.http_allow_remote)
+            self.http_url = self.http.url
         info("serving", db=str(self.db_path), workers=self.config.workers, base_url=self.base_url,
              model=self.model, tools=self.tools or "none", interrupted_turns=len(interrupted), queued_turns=queued,
              max_attempts=self.config.max_attempts, max_model_calls=self.config.max_model_calls, pid=os.getpid())
         for turn in interrupted:
             info("will resume interrupted turn", session=turn["session_id"], turn=turn["id"])
 
-    def _start_http(self) -> None:
-        """Serve the HTTP API in a thread; its URL is the first line on stdout (and in the status file)."""
-        from supervisor.daemon.http import HttpApi, HttpStartError, parse_listen, token_path
-
-        try:
-            host, port = parse_listen(str(self.config.http), self.config.http_allow_remote)
-            self.http = HttpApi(self, host, port)
-            self.http_url = self.http.start()
-        except (ValueError, OSError, RuntimeError) as exc:
-            raise HttpStartError(f"cannot serve the HTTP API on {self.config.http}: {exc}") from exc
-        try:
-            print(self.http_url, flush=True)
-        except OSError:  # nobody reads stdout: the status file and the log still say it
-            pass
-        info("HTTP API listening", url=self.http_url, token_file=str(token_path(self.db_path)))
-
-    def _new_pool(self) -> Pool:
-        env: dict[str, str] = {}
-        if self.config.api_key:
-            env["OPENAI_API_KEY"] = self.config.api_key  # in the environment, never on a command line
-        if self.config.import_paths:
-            env["PYTHONPATH"] = os.pathsep.join([*self.config.import_paths,
-                                                 *filter(None, [os.environ.get("PYTHONPATH")])])
-        return Pool(forkserver=self.config.forkserver, env=env)
-
-    def _clear_messages_dir(self) -> None:
-        """The private directory of message files (0700), emptied of what a killed daemon left."""
-        private_files.make_private_dirs(self.messages_dir)
-        os.chmod(self.messages_dir, private_files.DIR_MODE)
-        for leftover in self.messages_dir.iterdir():
-            leftover.unlink(missing_ok=True)
-
     # -------------------------------------------------------------- leasing
-    def _heads(self) -> list[dict[str, Any]]:
-        """Per session, the turn that must run next: a running one, else its oldest queued one."""
-        assert self.db is not None
-        heads: dict[str, dict[str, Any]] = {}
-        for turn in self.db.next_turns():
-            current = heads.get(turn["session_id"])
-            if current is None or (turn["state"] == "running" and current["state"] != "running"):
-                heads[turn["session_id"]] = turn
-        return sorted(heads.values(), key=lambda t: (t["state"] != "running", t["seq"]))
-
     def _lease(self) -> None:
         if self.cancels:
             self._give_up_cancelled()
         if len(self.leases) >= self.config.workers:
             return
         now = time.monotonic()
-        for turn in self._heads():
+        for turn in inbox.session_heads(self.db):
             if len(self.leases) >= self.config.workers:
                 break
             session = turn["session_id"]
@@ -462,33 +287,20 @@ class Daemon:
         return limit_reason(turn, **limits, last=last, answered=answered)
 
     def _spawn(self, turn: dict[str, Any], notes: TurnNotes) -> None:
-        assert self.db is not None and self.pool is not None
+        assert self.db is not None and self.launcher is not None
         session, turn_id = turn["session_id"], turn["id"]
         rows = self.db.count_turn_rows(session, turn_id)
         self.incarnation += 1
-        message_file = self.messages_dir / f"worker-{self.incarnation}.msg"
-        argv = ["run", f"--db={self.db_path}", f"--session={session}", f"--base-url={self.base_url}",
-                f"--model={self.model}", f"--tools={self.tools}", f"--synchronous={self.config.synchronous}",
-                f"--ledger={inbox.ledger_path(self.db_path)}", f"--timeout={self.config.request_timeout}",
-                f"--turn-id={turn_id}", f"--message-file={message_file}"]
-        if self.config.stream:
-            argv.append("--stream")
-        if self.config.system_prompt is not None:
-            argv.append(f"--system-prompt={self.config.system_prompt}")
-        if self.config.api_key_file is not None:
-            argv.append(f"--api-key-file={self.config.api_key_file}")
+        message_file = self.launcher.message_file(self.incarnation)
         # Registered before the worker exists: its first log lines and its outcome find their lease.
         lease = self.by_incarnation[self.incarnation] = Lease(
-            session, turn_id, rows, turn["state"], model_calls_at_start=int(turn.get("model_calls") or 0),
-            message_file=message_file)
+            session, turn_id, rows, turn["state"], message_file=message_file)
         try:
             private_files.write_private(message_file, turn["user_text"] or "")
-            counted = self.db.add_turn_attempt(turn_id)  # durably, before the worker exists
-            if counted is not None:
-                lease.model_calls_at_start = int(counted.get("model_calls") or 0)
+            self.db.add_turn_attempt(turn_id)  # durably, before the worker exists
             try:
-                proc = self.pool.spawn(argv, incarnation=self.incarnation, on_message=self._on_message,
-                                       on_log=self._on_log, on_exit=self._on_exit)
+                proc = self.launcher.spawn(self.launcher.argv(session, turn_id, message_file), self.incarnation,
+                                           self._on_message, self._on_log, self._on_exit)
             except BaseException:
                 self.db.add_turn_attempt(turn_id, -1)  # no worker started
                 raise
@@ -500,7 +312,7 @@ class Daemon:
                 self.metrics.crash_loops += 1
                 self._give_up(turn_id, session, notes)
                 return
-            self._replace_pool_if_broken()
+            self.launcher.replace_pool_if_broken()
             return
         lease.proc = proc
         self.leases[session] = lease
@@ -509,16 +321,6 @@ class Daemon:
         self._dirty = True
         info("leased turn", session=session, turn=turn_id, state=turn["state"], worker_pid=proc.pid,
              attempt=notes.spawns)
-
-    def _replace_pool_if_broken(self) -> None:
-        """The warm template died (it should not): retire that pool and start a fresh one."""
-        assert self.pool is not None
-        template = self.pool.template
-        if template is None or template.poll() is None:
-            return
-        warn("the worker template died; starting a new one", exit_status=template.returncode)
-        self.retired_pools.append(self.pool)
-        self.pool = self._new_pool()
 
     # ---------------------------------------------------------------- exits
     def _collect_exits(self) -> None:
@@ -547,7 +349,7 @@ class Daemon:
         if turn is None or turn["state"] in ("done", "failed"):
             self.restarts.turn_ended(lease.session, lease.turn)
             self.totals["turns_ended"] += 1
-            self._forget_cancel(lease.turn)
+            self.cancels.forget(lease.turn)
             info("turn ended", state=turn["state"] if turn else "unknown", **fields)
             return
         if lease.turn in self.cancels:  # ended like an interrupt: closed well-formed, failed "cancelled"
@@ -559,8 +361,6 @@ class Daemon:
         if lease.killed_for == "drain":
             info("worker stopped by the drain; the turn stays running and resumes on next start", **fields)
             return
-        if lease.killed_for == "model-calls":
-            why = f"the worker (pid {lease.proc.pid}) was killed as it started a model call over the limit"
         rows = self.db.count_turn_rows(lease.session, lease.turn)
         progressed = rows > lease.rows_at_start or turn["state"] != lease.state_at_start
         delay = self.restarts.after_death(lease, notes, progressed, why)
@@ -582,14 +382,8 @@ class Daemon:
         transcript stays well-formed and the session's later turns can run."""
         assert self.db is not None and notes.give_up is not None
         reason = notes.give_up
-        cancelled = reason == CANCELLED
         try:
-            ended = self.db.abandon_turn(
-                turn_id, reason, owner=f"daemon:{os.getpid()}",
-                unknown_result=json.dumps({"status": "outcome_unknown", "error": _CANCELLED_UNKNOWN if cancelled
-                                           else _UNKNOWN_RESULT.format(reason=reason)}),
-                not_run_result=json.dumps({"error": _CANCELLED_NOT_RUN if cancelled
-                                           else _NOT_RUN_RESULT.format(reason=reason)}))
+            ended = end_turn(self.db, turn_id, reason, owner=f"daemon:{os.getpid()}")
         except Exception as exc:  # e.g. storage busy: keep the decision, try again after a backoff
             log.error("could not record the failure of turn %s: %s", turn_id, exc,
                       extra={"fields": {"session": session}})
@@ -597,9 +391,9 @@ class Daemon:
             return
         notes.give_up = None
         self.restarts.turn_ended(session, turn_id)
-        self._forget_cancel(turn_id)
+        self.cancels.forget(turn_id)
         self._dirty = True
-        if ended and cancelled:
+        if ended and reason == CANCELLED:
             self.metrics.cancelled += 1
             self.totals["turns_ended"] += 1
             info("turn cancelled", session=session, turn=turn_id)
@@ -616,17 +410,6 @@ class Daemon:
                 lease.proc.kill("turn-timeout")
 
     # --------------------------------------------------------------- status
-    def _templates(self) -> list[dict[str, Any]]:
-        out = []
-        for pool in [p for p in (self.pool, *self.retired_pools) if p is not None]:
-            process = pool.template
-            if process is not None and process.poll() is None:
-                try:
-                    out.append({"pid": process.pid, "create_time": psutil.Process(process.pid).create_time()})
-                except Exception:
-                    pass
-        return out
-
     def _publish(self) -> None:
         if not self._dirty:
             return
@@ -638,7 +421,7 @@ class Daemon:
             "workers": [{"pid": l.proc.pid, "create_time": l.proc.create_time, "session": l.session,
                          "turn": l.turn, "incarnation": l.proc.incarnation, "started_at": l.started_wall}
                         for l in self.leases.values()],
-            "templates": self._templates(),
+            "templates": self.launcher.templates() if self.launcher else [],
             "turns": self.restarts.status(),
             "totals": dict(self.totals),
             "http": {"url": self.http_url} if self.http_url else None,
@@ -656,8 +439,9 @@ class Daemon:
         if self.leases and not self.stop_requested:
             waits += [lease.started + self.config.turn_timeout - now for lease in self.leases.values()]
         waits += self.restarts.retry_waits(now, self.leases)
-        if self.drain_deadline is not None and self.drain_killed_at is None:
-            waits.append(self.drain_deadline - now)
+        drain_wait = self.drain.next_wait(now) if self.drain else None
+        if drain_wait is not None:
+            waits.append(drain_wait)
         if self.notifier.watchdog_interval and self.ready:
             waits.append(self._next_watchdog - now)
         return max(0.0, min(waits))
@@ -668,35 +452,17 @@ class Daemon:
             if isinstance(self.log_handler, ReopenableFile):
                 self.log_handler.reopen()
             info("SIGHUP: logs reopened")
-        if self.stop_requested and self.drain_deadline is None:
+        if self.stop_requested and self.drain is None:
             self.state = "draining"
             self._dirty = True
-            self.drain_deadline = time.monotonic() + self.config.drain_seconds
+            self.drain = Drain(self.config.drain_seconds)
             self._send_stopping()
             info("draining: no new turns are leased", running=len(self.leases),
                  drain_seconds=self.config.drain_seconds)
             if self.http is not None:
                 self.http.begin_stop()  # no new requests; the event streams end (clients resume elsewhere)
-        elif self.stop_requested > 1 and self.drain_killed_at is None:
-            self.drain_deadline = time.monotonic()
-
-    def _drain_step(self) -> bool:
-        """One pass of the drain; True when it is over."""
-        if not self.leases:
-            return True
-        now = time.monotonic()
-        assert self.drain_deadline is not None
-        if self.drain_killed_at is None and now >= self.drain_deadline:
-            self.drain_killed_at = now
-            for lease in self.leases.values():
-                lease.killed_for = "drain"
-                lease.proc.kill("drain")
-            info("drain time is up: workers killed by recorded pid", workers=[l.proc.pid for l in self.leases.values()])
-        if self.drain_killed_at is not None and now - self.drain_killed_at > 10.0:
-            log.error("workers did not exit within 10 s of SIGKILL", extra={"fields": {
-                "workers": [l.proc.pid for l in self.leases.values()]}})
-            return True
-        return False
+        elif self.stop_requested > 1 and self.drain is not None:
+            self.drain.cut_short()
 
     def _send_stopping(self) -> None:
         if not self._stopping_sent:
@@ -725,9 +491,9 @@ class Daemon:
         self._tick()
         self._handle_flags()
         self._collect_exits()
-        self._run_requests()
-        if self.drain_deadline is not None:
-            if self._drain_step():
+        self.calls.run_pending()
+        if self.drain is not None:
+            if self.drain.step(list(self.leases.values())):
                 return True
         else:
             self._check_timeouts()
@@ -746,13 +512,14 @@ class Daemon:
                         break
                 except Exception:  # e.g. the database stayed busy past its budget: keep serving
                     log.exception("daemon loop error; going on")
-                    self._wait(min(1.0, self.notifier.watchdog_interval or 1.0))
+                    self.wakeup.wait(min(1.0, self.notifier.watchdog_interval or 1.0))
                     continue
                 if not self.ready:  # the loop runs: tell systemd (a no-op without it)
                     self.ready = True
                     self.notifier.ready(f"serving {self.db_path} with {self.config.workers} workers")
                     self._dirty = True
-                self._wait(min(0.5, self._next_timeout()) if self.drain_killed_at else self._next_timeout())
+                killed = self.drain is not None and self.drain.killed_at is not None
+                self.wakeup.wait(min(0.5, self._next_timeout()) if killed else self._next_timeout())
         finally:
             self.shutdown()
         info("stopped", **self.totals)
@@ -764,22 +531,14 @@ class Daemon:
         if self.http is not None:
             self.http.stop()
             self.http, self.http_url = None, None
-        self._run_requests(error="the daemon is stopping")
-        for pool in [p for p in (self.pool, *self.retired_pools) if p is not None]:
-            try:
-                pool.close()
-            except Exception as exc:
-                log.error("closing the worker pool: %s", exc)
-        self.pool, self.retired_pools = None, []
+        self.calls.run_pending(refuse="the daemon is stopping")
+        if self.launcher is not None:
+            self.launcher.close()
         self._collect_exits()
         try:
             self._reap_orphans(kill=True)  # a tool's child still running: nothing may outlive the daemon
         except Exception as exc:
             log.error("reaping orphans: %s", exc)
-        try:
-            self._clear_messages_dir()
-        except OSError:
-            pass
         if self.server is not None:
             self.server.stop()
             self.server = None

@@ -31,6 +31,8 @@ log = logging.getLogger("worker")
 ADAPTERS = {
     "hermes": "worker.targets.hermes",              # ours (hermes/)
     "hermes-agent": "worker.targets.hermes_agent",  # upstream Hermes (PyPI hermes-agent)
+    "openai-agents": "worker.targets.openai_agents",  # the OpenAI Agents SDK (PyPI openai-agents)
+    "langgraph": "worker.targets.langgraph",  # a LangGraph StateGraph on its SqliteSaver (PyPI langgraph)
 }
 NAMES = tuple(ADAPTERS)
 

@@ -143,6 +143,7 @@ def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink |
         agent = AIAgent(api_key=args.api_key, base_url=args.base_url, model=args.model, session_db=db,
                         session_id=args.session, enabled_toolsets=toolsets, system_prompt=args.system_prompt,
                         stream=args.stream, request_timeout=args.timeout, max_retries=args.max_retries,
+                        max_model_calls=args.max_model_calls,
                         interim_assistant_callback=lambda text, already_streamed=False: project(
                             "interim", text=text),
                         tool_complete_callback=lambda call_id, name, _args, content: project(
