@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-import psutil
-
+from bench.procs import kill_group, note_descendants, sigkill_survivors
 from bench.table import Figure, Report, percentile
+from supervisor.daemon import inbox
 from supervisor.procs.pool import REPO_ROOT, child_env
 
 
@@ -247,21 +247,11 @@ class HttpDaemon:
 
     def note_children(self) -> dict[int, float]:
         """Remember every process the daemon started (for the no-orphan checks); returns all seen."""
-        try:
-            for child in psutil.Process(self.pid).children(recursive=True):
-                try:
-                    self.seen.setdefault(child.pid, child.create_time())
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            pass
+        note_descendants(self.pid, self.seen)
         return dict(self.seen)
 
     def status(self) -> dict[str, Any]:
-        try:
-            return json.loads(Path(f"{self.db}.daemon.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
+        return inbox.read_status(self.db) or {}
 
     def live_workers(self) -> list[dict[str, Any]]:
         """The workers the daemon's status file records, still alive as those very processes."""
@@ -269,17 +259,12 @@ class HttpDaemon:
         status = self.status()
         if status.get("pid") != self.pid:
             return []
-        return [w for w in status.get("workers", []) if same_process(w.get("pid"), w.get("create_time"))]
+        return [w for w in status.get("workers", []) if inbox.process_alive(w.get("pid"), w.get("create_time"))]
 
     def kill(self) -> None:
         """SIGKILL the daemon (by its recorded pid, its process group) and reap it."""
         self.note_children()
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
+        kill_group(self.proc)
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM (the daemon drains), wait; SIGKILL if it will not stop. Returns its exit status."""
@@ -294,23 +279,7 @@ class HttpDaemon:
 
     def survivors(self) -> list[int]:
         """Processes this daemon started that are still alive (killed here, by recorded pid, if so)."""
-        left = [pid for pid, created in self.seen.items() if same_process(pid, created)]
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        return left
-
-
-def same_process(pid: Any, create_time: Any) -> bool:
-    try:
-        proc = psutil.Process(int(pid))
-        if create_time is not None and abs(proc.create_time() - float(create_time)) > 0.01:
-            return False
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, ValueError, TypeError):
-        return False
+        return sigkill_survivors(self.seen)
 
 
 # ------------------------------------------------------------------ the bench

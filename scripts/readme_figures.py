@@ -45,6 +45,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run as a file: `hermes` must import from this checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import target_figures  # noqa: E402  (the targets table: its own store, rendered into the same README)
+from target_figures import condense  # noqa: E402
+
 README = REPO / "README.md"
 BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
 BENCH_MARK = "<!-- figures:bench -->"
@@ -192,23 +196,6 @@ def upstream_command(mode: str, extra: tuple[str, ...]) -> list[str]:
             "--jobs", str(JOBS)]
 
 
-def condense(report: dict[str, Any], wall: float | None) -> dict[str, Any]:
-    """What the README shows of one campaign report: exact counts, the wall time it took."""
-    by_invariant: dict[str, dict[str, list[int]]] = {}
-    cases_with: dict[tuple[str, str], set[str]] = {}
-    for v in report["violations"]:
-        key = (v["invariant"], v["class"])
-        entry = by_invariant.setdefault(v["invariant"], {}).setdefault(v["class"], [0, 0])
-        entry[0] += 1
-        cases_with.setdefault(key, set()).add(v["case"])
-        entry[1] = len(cases_with[key])
-    return {"cases": report["cases"], "kills": report["kills"], "no_kill": report["no_kill"],
-            "violations": len(report["violations"]), "by_class": report["violations_by_class"],
-            "by_invariant": by_invariant, "not_judged": len(report["unknown"]),
-            "wall_seconds": round(wall, 1) if wall is not None else None,
-            "points": {p: [e["hit"], e["cases"], e["violations"]] for p, e in report["points"].items()}}
-
-
 def store_upstream() -> dict[str, Any]:
     """Run every upstream comparison campaign on both targets; write and return the store."""
     from importlib.metadata import version
@@ -324,7 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check and read_upstream_block(text) != upstream_block():
         print("README's upstream block differs from docs/figures/upstream.json: run `python scripts/readme_figures.py`")
         return 1
+    if args.check and target_figures.read_block(text) != target_figures.block():
+        print("README's targets block differs from docs/figures/targets.json: run `python scripts/readme_figures.py`")
+        return 1
     text = text.replace(read_upstream_block(text), upstream_block(), 1)
+    text = text.replace(target_figures.read_block(text), target_figures.block(), 1)
     chaos = chaos_figures()
     if chaos["violations"] or chaos["unfired"]:
         print(f"warning: the campaign did not pass (exit {chaos['exit']})", file=sys.stderr)

@@ -28,14 +28,13 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +42,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import psutil  # noqa: E402
-
+from bench.procs import note_descendants  # noqa: E402
 from hermes.state import SessionDB  # noqa: E402
+from scripts import soak_common  # noqa: E402
 from supervisor.chaos.checker import check_structure  # noqa: E402
 from supervisor.daemon import inbox  # noqa: E402
 
@@ -98,13 +97,6 @@ class SoakResult:
                 f"SIGKILL(s) (its workers gone after {', '.join(f'{s:.2f}s' for s in self.orphan_exit_seconds) or '-'})"
                 f"; at most {self.most_attempts} worker starts for a turn"
                 f"; {self.processes_seen} processes seen, {len(self.survivors)} left")
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def _env() -> dict[str, str]:
@@ -172,19 +164,9 @@ class Soak:
             time.sleep(0.05)
         raise RuntimeError(f"the daemon did not start (exit {proc.poll()}); see {self.dir}/daemon-{n}.out")
 
-    def _descendants(self, pid: int) -> list[psutil.Process]:
-        try:
-            return psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            return []
-
     def _note_processes(self) -> None:
         if self.daemon is not None and self.daemon.poll() is None:
-            for child in self._descendants(self.daemon.pid):
-                try:
-                    self.seen.setdefault(child.pid, child.create_time())
-                except psutil.Error:
-                    pass
+            note_descendants(self.daemon.pid, self.seen)
 
     def _wait_gone(self, procs: dict[int, float], timeout: float) -> tuple[float, list[int]]:
         started = time.monotonic()
@@ -198,12 +180,8 @@ class Soak:
         assert self.daemon is not None
         with self.kill_lock:
             self._note_processes()
-            children = {}
-            for child in self._descendants(self.daemon.pid):
-                try:
-                    children[child.pid] = child.create_time()
-                except psutil.Error:
-                    pass
+            children: dict[int, float] = {}
+            note_descendants(self.daemon.pid, children)
             os.kill(self.daemon.pid, signal.SIGKILL)
             self.daemon.wait()
             self.result.daemon_kills += 1
@@ -231,14 +209,8 @@ class Soak:
                 if self.daemon is None or status.get("pid") != self.daemon.pid:
                     continue
                 live = [w for w in status.get("workers", []) if inbox.process_alive(w.get("pid"), w.get("create_time"))]
-                if not live:
-                    continue
-                victim = self.rng.choice(live)
-                try:
-                    os.killpg(int(victim["pid"]), signal.SIGKILL)
+                if live and soak_common.sigkill_a_worker(self.rng, live):
                     self.result.kills += 1
-                except ProcessLookupError:
-                    pass
 
     # -------------------------------------------------------------- run
     def _ended(self) -> tuple[int, int]:
@@ -347,10 +319,10 @@ class Soak:
         r.seconds = round(max((t["ended_at"] for t in ended), default=time.time()) - started, 3)
         r.turns_per_second = round(r.done / r.seconds, 2) if r.seconds > 0 else 0.0
         latency = [t["ended_at"] - t["created_at"] for t in ended]
-        r.latency_p50, r.latency_p99 = round(_percentile(latency, 0.5), 3), round(_percentile(latency, 0.99), 3)
+        r.latency_p50, r.latency_p99 = soak_common.p50_p99(latency)
         leased = self._first_leases()
         service = [t["ended_at"] - leased[t["id"]] for t in ended if t["id"] in leased]
-        r.service_p50, r.service_p99 = round(_percentile(service, 0.5), 3), round(_percentile(service, 0.99), 3)
+        r.service_p50, r.service_p99 = soak_common.p50_p99(service)
         left_behind = sorted(p.name for p in inbox.messages_path(self.db).glob("*"))
         if left_behind:
             r.problems.append(f"message files left behind: {left_behind[:5]}")
@@ -373,11 +345,7 @@ class Soak:
 
 def run_soak(config: SoakConfig) -> SoakResult:
     """Run a soak; a temporary directory (no `workdir`) is removed when every check held."""
-    result = Soak(config).run()
-    if result.ok and config.workdir is None:
-        shutil.rmtree(result.workdir, ignore_errors=True)
-        result.workdir = ""
-    return result
+    return soak_common.drop_temporary_workdir(Soak(config).run(), config.workdir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,22 +360,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--submit-rate", type=float, default=0.0, metavar="TURNS_PER_S",
                         help="submit turns at this steady rate while running (default 0: a backlog up front)")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="keep the run here (default: a temp dir, removed if every check holds)")
-    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    soak_common.add_output_arguments(parser)
     args = parser.parse_args(argv)
     if min(args.workers, args.turns, args.sessions) < 1 or args.kill_min_ms <= 0 or args.kill_max_ms < args.kill_min_ms:
         parser.error("workers, turns and sessions must be at least 1, and 0 < kill-min-ms <= kill-max-ms")
     config = SoakConfig(workers=args.workers, turns=args.turns, sessions=args.sessions, kill_min_ms=args.kill_min_ms,
                         kill_max_ms=args.kill_max_ms, daemon_kills=args.daemon_kills, seed=args.seed,
                         workdir=args.workdir, timeout=args.timeout, submit_rate=args.submit_rate)
-    result = run_soak(config)
-    if args.json:
-        print(json.dumps(asdict(result), indent=2, default=str))
-    print(result.summary())
-    for problem in result.problems:
-        print(f"problem: {problem}")
-    return 0 if result.ok else 1
+    return soak_common.report(run_soak(config), args.json)
 
 
 if __name__ == "__main__":

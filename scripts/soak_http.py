@@ -31,17 +31,13 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
-import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +49,7 @@ import psutil  # noqa: E402
 
 from bench.api import ApiClient, ApiError, Event, EventStream, HttpDaemon  # noqa: E402
 from hermes.state import connect_readonly  # noqa: E402
+from scripts import soak_common  # noqa: E402
 from supervisor.daemon.events import SessionFeed  # noqa: E402
 from supervisor.procs.pool import child_env  # noqa: E402
 
@@ -106,13 +103,6 @@ class HttpSoakResult:
                 f"(its processes gone after {', '.join(f'{s:.2f}s' for s in self.orphan_exit_seconds) or '-'}); "
                 f"{self.reconnects} stream reconnects, {self.submit_retries} submit retries; {self.events} events; "
                 f"{self.processes_seen} processes seen, {len(self.survivors)} left")
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 class Endpoint:
@@ -336,14 +326,8 @@ class HttpSoak:
                 if daemon is None or daemon.proc.poll() is not None:
                     continue
                 live = daemon.live_workers()
-                if not live:
-                    continue
-                victim = self.rng.choice(live)
-                try:
-                    os.killpg(int(victim["pid"]), signal.SIGKILL)  # by the recorded pid (a worker leads its group)
+                if live and soak_common.sigkill_a_worker(self.rng, live):
                     self.result.kills += 1
-                except ProcessLookupError:
-                    pass
 
     # ------------------------------------------------------------------ run
     def run(self) -> HttpSoakResult:
@@ -427,7 +411,7 @@ class HttpSoak:
         if check.returncode != 0:
             r.problems.append(f"hermes-supervisor check --db exited {check.returncode}: {check.stdout[-500:]}")
         latency = [c.ended_at[t] - c.submitted_at[t] for c in self.clients for t in c.ended_at if t in c.submitted_at]
-        r.latency_p50, r.latency_p99 = round(_percentile(latency, 0.5), 3), round(_percentile(latency, 0.99), 3)
+        r.latency_p50, r.latency_p99 = soak_common.p50_p99(latency)
         r.turns_per_second = round(r.done / r.wall, 2) if r.wall > 0 else 0.0
         if r.daemon_kills != self.config.daemon_kills:
             r.problems.append(f"the daemon was SIGKILLed {r.daemon_kills} times, not {self.config.daemon_kills}")
@@ -475,11 +459,7 @@ class HttpSoak:
 
 def run_http_soak(config: HttpSoakConfig) -> HttpSoakResult:
     """Run a soak; a temporary directory (no `workdir`) is removed when every check held."""
-    result = HttpSoak(config).run()
-    if result.ok and config.workdir is None:
-        shutil.rmtree(result.workdir, ignore_errors=True)
-        result.workdir = ""
-    return result
+    return soak_common.drop_temporary_workdir(HttpSoak(config).run(), config.workdir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -489,9 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name in ("kill_min_ms", "kill_max_ms", "timeout"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="keep the run here (default: a temp dir, removed if every check holds)")
-    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    soak_common.add_output_arguments(parser)
     args = parser.parse_args(argv)
     if min(args.turns, args.clients, args.sessions, args.workers, args.window) < 1 or not (
             0 < args.kill_min_ms <= args.kill_max_ms) or args.timeout <= 0:
@@ -501,13 +479,7 @@ def main(argv: list[str] | None = None) -> int:
                             window=args.window, kill_min_ms=args.kill_min_ms, kill_max_ms=args.kill_max_ms,
                             daemon_kills=args.daemon_kills, seed=args.seed, workdir=args.workdir,
                             timeout=args.timeout)
-    result = run_http_soak(config)
-    if args.json:
-        print(json.dumps(asdict(result), indent=2, default=str))
-    print(result.summary())
-    for problem in result.problems:
-        print(f"problem: {problem}")
-    return 0 if result.ok else 1
+    return soak_common.report(run_http_soak(config), args.json)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 
     hermes-supervisor chaos [--mode exhaustive|double|random|pause] [--scenario NAME ...] [--jobs N]
                             [--shard I/N] [--seed S --runs N] [--report DIR] [--case ID] [--list-points]
+                            [--target NAME] [--durability exit|async|sync|all]   (the latter: langgraph only)
+    hermes-supervisor merge OUT_DIR SHARD_DIR...   (one report from the --report DIRs of --shard 1/N ... N/N)
     hermes-supervisor check --db PATH [--session ID]
     hermes-supervisor serve|submit|status|result ...   (the daemon; see --help of each)
     hermes-supervisor bench [--quick]
 
-Exit status: 0 pass, 1 violations (or a planned kill that never fired), 2 usage.
+Exit status: 0 pass, 1 violations (or a planned kill that never fired), 2 usage, 3 interrupted
+(SIGINT/SIGTERM: the report is partial; a second signal exits at once with 128 + its number).
 """
 from __future__ import annotations
 
@@ -15,7 +18,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
@@ -28,16 +30,27 @@ from supervisor.chaos.nemesis import FAULT_OPTIONS
 from supervisor.chaos.scenarios import SCENARIOS
 from supervisor.daemon import cli as daemon_cli
 from supervisor.targets import DEFAULT_TARGET, TARGETS
+from worker.targets.langgraph import DEFAULT_DURABILITY, DURABILITY_MODES  # imports no LangGraph
 
 if TYPE_CHECKING:
     from supervisor.chaos.campaign import CampaignConfig
     from supervisor.chaos.runner import CaseResult
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 3  # stopped by SIGINT/SIGTERM (supervisor.chaos.live); a merge of partial shards
+
+# `--durability` is LangGraph's own durability mode (worker.targets.langgraph: DURABILITY_MODES, default
+# DEFAULT_DURABILITY), passed to every worker of a campaign as the target's option; `all` runs the
+# campaign once per mode.
+DURABILITY_TARGETS = ("langgraph",)
 
 
 class UsageError(Exception):
     pass
+
+
+class Interrupted(Exception):
+    """A campaign was stopped by a signal and wrote its partial report: no further campaign runs."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,12 +102,32 @@ def _add_chaos(commands: argparse._SubParsersAction) -> None:
     chaos.add_argument("--list-points", action="store_true", help="print the kill points and exit")
     chaos.add_argument("--target", choices=tuple(TARGETS), default=DEFAULT_TARGET,
                        help="the agent under test: " + " or ".join(t.description for t in TARGETS.values()))
+    chaos.add_argument("--durability", choices=(*DURABILITY_MODES, "all"), default=None,
+                       help=f"--target langgraph only: LangGraph's durability mode in every worker (default: "
+                            f"{DEFAULT_DURABILITY}); all runs the campaign once per mode, each in a subdirectory "
+                            "of --report and --workdir named after it, and exits with the worst status")
+    chaos.add_argument("--campaign-id", default=None, metavar="ID",
+                       help="name the campaign in its report (shards of one campaign share it; merge checks it); "
+                            "default: made of the mode, the seed and the options")
+    chaos.add_argument("--verbose", action="store_true",
+                       help="a line per finished case (default: one live line on a terminal, else a summary line "
+                            "every --progress-every seconds)")
+    chaos.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+                       help="without a terminal, print a progress line this often (0: never; default 30)")
+
+
+def _add_merge(commands: argparse._SubParsersAction) -> None:
+    merge = commands.add_parser("merge", help="merge the reports of a campaign's shards into one report")
+    merge.add_argument("out", type=Path, metavar="OUT_DIR")
+    merge.add_argument("shards", type=Path, nargs="+", metavar="SHARD_DIR",
+                       help="the --report DIR of each shard (chaos --shard I/N), every one of 1..N once")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hermes-supervisor", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_chaos(commands)
+    _add_merge(commands)
     check = commands.add_parser("check", help="check the structural invariants of a database")
     check.add_argument("--db", type=Path, required=True)
     check.add_argument("--session", default=None)
@@ -106,43 +139,82 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _progress_printer() -> tuple[callable, callable]:  # type: ignore[valid-type]
-    tty = sys.stdout.isatty()
-    lock = threading.Lock()
-    done = [0]
-    started = time.monotonic()
+def _list_points(target: str) -> str:
+    """The kill points, one a line; for a target other than ours, those its adapter says it never
+    reaches (`UNREACHABLE_POINTS` of its module in worker.targets) carry the reason."""
+    unreachable: dict[str, str] = {}
+    if target != DEFAULT_TARGET:
+        import importlib
 
-    def progress(line: str) -> None:
-        with lock:
-            done[0] += 1
-            if tty:
-                sys.stdout.write(f"\r\033[K[{done[0]} | {time.monotonic() - started:.0f}s] {line[:100]}")
-            else:
-                sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+        from worker.targets import ADAPTERS
 
-    def finish() -> None:
-        if tty:
-            sys.stdout.write("\n")
+        unreachable = getattr(importlib.import_module(ADAPTERS[target]), "UNREACHABLE_POINTS", {})
+    return "\n".join(f"{p}  (not reached on {target}: {unreachable[p]})" if p in unreachable else p
+                     for p in POINTS)
 
-    return progress, finish
+
+def _durability_modes(args: argparse.Namespace) -> tuple[str | None, ...]:
+    """The durability modes to run the campaign in: (None,) for a target without the option."""
+    if args.target not in DURABILITY_TARGETS:
+        if args.durability is not None:
+            raise UsageError(f"--durability applies to --target {' or '.join(DURABILITY_TARGETS)} only")
+        return (None,)
+    if args.durability == "all":
+        return DURABILITY_MODES
+    return (args.durability or DEFAULT_DURABILITY,)
+
+
+def _in_mode(args: argparse.Namespace, mode: str) -> argparse.Namespace:
+    """`args` for the campaign of one mode of several: its report and case directories in a
+    subdirectory named after the mode, its log and history files suffixed with it."""
+    def suffixed(path: Path | None) -> Path | None:
+        return None if path is None else path.with_name(f"{path.stem}-{mode}{path.suffix}")
+
+    return argparse.Namespace(**dict(vars(args), report=args.report / mode if args.report else None,
+                                     workdir=args.workdir / mode if args.workdir else None,
+                                     log=suffixed(args.log), history=suffixed(args.history)))
 
 
 def run_chaos(args: argparse.Namespace) -> int:
     if args.list_points:
-        print("\n".join(POINTS))
+        print(_list_points(args.target))
         return EXIT_OK
-    from supervisor.chaos.campaign import CampaignConfig
-
+    modes = _durability_modes(args)
     if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
         raise UsageError(f"--workdir {args.workdir} exists and is not a directory")
+    if len(modes) == 1:
+        return _run_chaos_once(args, () if modes[0] is None else ("--durability", modes[0]))[0]
+    figures: dict[str, dict[str, Any]] = {}
+    worst = EXIT_OK
+    for mode in modes:
+        print(f"== durability {mode} ==", flush=True)
+        code, summary = _run_chaos_once(_in_mode(args, mode), ("--durability", str(mode)))
+        worst = max(worst, code)
+        figures[str(mode)] = {"exit": code, **{k: summary[k] for k in ("cases", "kills", "no_kill",
+                                                                       "violations_by_class", "wall_seconds")}}
+    for mode, f in figures.items():
+        print(f"durability {mode}: exit {f['exit']}, {f['cases']} cases, {f['kills']} landed kills, "
+              f"{f['no_kill']} no-kill, violations {f['violations_by_class']}, wall {f['wall_seconds']:.1f}s")
+    if args.report is not None:
+        from supervisor.chaos.history import write_json
+
+        write_json(args.report / "durability.json", figures)
+        print(f"report: {args.report / 'durability.json'}")
+    return worst
+
+
+def _run_chaos_once(args: argparse.Namespace, target_args: tuple[str, ...]) -> tuple[int, dict[str, Any]]:
+    """One campaign; its exit status and summary."""
+    from supervisor.chaos.campaign import CampaignConfig
+
     kill_modes = ("self", "external") if args.kill_mode == "both" else (args.kill_mode,)
     config = CampaignConfig(scenarios=args.scenario or sorted(SCENARIOS), mode=args.mode, seed=args.seed,
                             runs=args.runs, jobs=args.jobs, shard=args.shard, kill_modes=kill_modes,
                             workdir=args.workdir, keep=args.workdir is not None, limit=args.limit,
                             case_ids=tuple(args.case or ()), probes=tuple(args.probe or ()),
                             forkserver=not args.no_forkserver, faults=args.faults,
-                            case_files=args.report / "cases" if args.report else None, target=args.target)
+                            case_files=args.report / "cases" if args.report else None, target=args.target,
+                            target_args=target_args)
     _check_runnable(config, args.workdir)
     if args.report is not None:
         make_private_dirs(args.report)
@@ -157,7 +229,9 @@ def run_chaos(args: argparse.Namespace) -> int:
         write_reports(args.report, summary, results)
         print(f"report: {args.report / 'report.json'}")
         print(f"report: {args.report / 'report.html'}")
-    return EXIT_OK if summary["ok"] else EXIT_VIOLATIONS
+    if summary.get("interrupted"):
+        raise Interrupted(summary["interrupted"])
+    return (EXIT_OK if summary["ok"] else EXIT_VIOLATIONS), summary
 
 
 def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
@@ -181,35 +255,84 @@ def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
 
 
 def _run_campaign(config: CampaignConfig, args: argparse.Namespace) -> tuple[dict[str, Any], list[CaseResult]]:
-    """Run the campaign with progress lines and the merged worker log; its summary, with
-    the kill points a complete run failed to reach (a dead probe is never a pass)."""
+    """Run the campaign with its console (supervisor.chaos.live: a live line on a terminal, a line
+    every --progress-every seconds without one), its record as it goes (DIR/results.jsonl), the
+    merged worker log, and SIGINT/SIGTERM stopping it; its summary says what ran and what did not,
+    with the kill points a complete run failed to reach (a dead probe is never a pass)."""
     from supervisor.chaos.campaign import Campaign, summarize
+    from supervisor.chaos.live import Console, Interrupts, Record, report_fields
+    from supervisor.chaos.plan import default_campaign_id, options, unreached
     from supervisor.procs.logs import MergedLog
 
-    progress, finish = _progress_printer()
+    guard = Interrupts.install()
+    console = Console(verbose=args.verbose, every=args.progress_every)
+    record = Record(args.report) if args.report is not None else None
     started = time.monotonic()
     log_path = args.log or (args.report / "workers.log" if args.report else None)
     merged = MergedLog(log_path) if log_path else None
-    campaign = Campaign(config, progress=progress, history_path=args.history,
-                        log_sink=merged.on_log if merged else None)
+
+    def on_result(result: CaseResult) -> None:
+        if record is not None:
+            record.add(result)  # on disk before anything is printed of it
+        console.result(result)
+
+    def on_plan(plan: Any) -> None:
+        console.planned(len(plan.baselines) + len(plan.planned), known=plan.plan_hash is not None)
+        if record is not None:
+            record.running(plan)
+
+    campaign_id = args.campaign_id or default_campaign_id(config)
     try:
-        results = campaign.run()
+        campaign = Campaign(config, progress=console.line, history_path=args.history,
+                            log_sink=merged.on_log if merged else None, on_result=on_result, on_plan=on_plan,
+                            campaign_id=campaign_id)
+        shard = f"shard {config.shard[0]}/{config.shard[1]}, " if config.shard != (1, 1) else ""
+        console.line(f"campaign {campaign_id}: {config.mode}, {shard}{len(config.scenarios)} scenario(s)")
+        guard.attach(campaign)
+        try:
+            results = campaign.run()
+        finally:
+            guard.attach(None)
     finally:
+        console.finish()
+        if record is not None:
+            record.close()
         if merged is not None:
             merged.close()
-    finish()
     wall = time.monotonic() - started
     summary = summarize(results)
-    # A run of every scenario must reach every kill point: an unreached one means a dead probe.
-    all_scenarios = (set(config.scenarios) == set(SCENARIOS) and not config.case_ids and not config.probes
-                     and config.mode == "exhaustive")
-    unreached = [p for p in POINTS if p not in summary["reached"]] if all_scenarios else []
-    # A kill point asked for by name that no run reached planned nothing there: never a pass.
-    if not config.case_ids:
-        unreached += [p for p in config.probes if p not in summary["reached"] and p not in unreached]
+    fields = report_fields(campaign, results)
+    # Only a campaign that ran its whole plan can tell a kill point nothing reached.
+    missed = unreached(options(config), summary["reached"]) if fields["complete"] else []
     summary.update(wall_seconds=round(wall, 2), cycles_per_second=round(len(results) / wall, 2) if wall else None,
-                   unreached=unreached, ok=summary["ok"] and not unreached)
+                   unreached=missed, **fields)
+    summary["ok"] = summary["ok"] and not missed and fields["complete"]
     return summary, results
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    """Merge shard reports (supervisor.chaos.merge): 0 pass, 1 a violation or a case not judged,
+    2 shards that do not make one campaign, 3 a partial merged report (a shard did not finish)."""
+    from supervisor.chaos.merge import MergeRefused, copy_logs, merge
+    from supervisor.chaos.report import table
+
+    started = time.monotonic()
+    try:
+        summary = merge(args.out, args.shards)
+    except MergeRefused as exc:
+        raise UsageError(str(exc)) from None
+    copy_logs(args.out, args.shards)
+    print(table(summary))
+    if summary["unreached"]:
+        print(f"kill points never reached by any scenario: {', '.join(summary['unreached'])}")
+    print(f"merged {len(args.shards)} shard(s) in {time.monotonic() - started:.1f}s")
+    print(f"report: {args.out / 'report.json'}")
+    print(f"report: {args.out / 'report.html'}")
+    if summary["ok"]:
+        return EXIT_OK
+    if summary["complete"] is False and not summary["violations"] and not summary["unknown"]:
+        return EXIT_INTERRUPTED
+    return EXIT_VIOLATIONS
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -244,10 +367,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_chaos(args)
         if args.command == "check":
             return run_check(args)
+        if args.command == "merge":
+            return run_merge(args)
         return daemon_cli.run(args)
     except UsageError as exc:
         print(f"hermes-supervisor: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Interrupted as exc:
+        print(f"hermes-supervisor: stopped by {exc}: the report is partial", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         print("hermes-supervisor: interrupted", file=sys.stderr)
         return 130

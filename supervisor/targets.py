@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import sqlite3
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from supervisor.chaos.schema import SchemaReader
 from supervisor.chaos.schema import hermes as hermes_schema
 from supervisor.chaos.schema import hermes_agent as hermes_agent_schema
+from supervisor.chaos.schema import langgraph as langgraph_schema
 from supervisor.chaos.schema import openai_agents as openai_agents_schema
 
 
@@ -25,6 +27,7 @@ class Promises:
     a promise the target does not make is classed CONTRACT, not DAMAGE."""
 
     dispatch_intents: bool = True     # a durable intent precedes every tool run
+    durable_requests: bool = True     # the assistant's tool-call row is durable before its tools run
     stream_retraction: bool = True    # streamed text ends committed or explicitly retracted
     durable_projections: bool = True  # nothing is shown before it is durable
 
@@ -43,6 +46,12 @@ class Target:
     extra: str | None = None         # this project's pip extra that installs it
     package: str | None = None       # the distribution that extra installs
     install_hint: str = ""           # one line saying how to get it
+    # Promises that differ with the target's options (the worker arguments a campaign adds, such as
+    # LangGraph's `--durability async`); any other options make the `promises` above.
+    promises_with: Mapping[tuple[str, ...], Promises] = field(default_factory=dict)
+
+    def promises_for(self, target_args: Sequence[str] = ()) -> Promises:
+        return self.promises_with.get(tuple(target_args), self.promises)
 
     def available(self) -> bool:
         """Is everything it needs installed? Found without importing it."""
@@ -63,14 +72,33 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
            hermes_agent_schema, modules=("run_agent", "hermes_state"), extra="upstream", package=_UPSTREAM,
            install_hint=(f"the hermes-agent target needs upstream Hermes: pip install 'hermes-supervisor[upstream]' "
                          f"(installs {_UPSTREAM}), or pip install {_UPSTREAM} next to this project")),
-    # The OpenAI Agents SDK records no dispatch intents (it stores a tool call together with its
-    # output, after the tool ran), emits its stream events before the session write that holds
-    # them, and never retracts streamed text: findings on those promises are CONTRACT, not DAMAGE.
+    # The OpenAI Agents SDK records no dispatch intents and saves a tool call only together with
+    # its output, after the tool ran; it emits its stream events before the session write that
+    # holds them, and never retracts streamed text: findings on those promises are CONTRACT, not
+    # DAMAGE. What that costs on a kill (a tool run again) is DAMAGE under effect-semantics.
     Target("openai-agents", "the OpenAI Agents SDK (pip install 'hermes-supervisor[openai-agents]')",
-           Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False),
+           Promises(dispatch_intents=False, durable_requests=False, stream_retraction=False,
+                    durable_projections=False),
            openai_agents_schema, modules=("agents",), extra="openai-agents", package="openai-agents>=0.24,<0.25",
            install_hint=("the openai-agents target needs the OpenAI Agents SDK: pip install "
                          "'hermes-supervisor[openai-agents]' (installs openai-agents>=0.24,<0.25)")),
+    # LangGraph records no dispatch intents (a node's effects are recorded only by the writes it
+    # returns, after it ran), emits a node's stream update when the node returns while its writes
+    # are saved in the background (under durability "exit" only when the run ends), and has no
+    # retraction of streamed text: findings on those promises are CONTRACT, not DAMAGE. Under
+    # durability "sync" (the default) a step's checkpoint is saved before the next step starts, so
+    # the model's tool-call message is durable before the tool node runs; "async" saves it while the
+    # tools already run and "exit" only when the run ends, promising no such thing. Its workers
+    # start as forks of the warm template, which imports LangGraph after the fork.
+    Target("langgraph", "a LangGraph StateGraph (pip install 'hermes-supervisor[langgraph]')",
+           Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False),
+           langgraph_schema, forkserver=True, modules=("langgraph", "langgraph.checkpoint.sqlite"),
+           extra="langgraph", package="langgraph>=1.2.24,<1.3",
+           install_hint=("the langgraph target needs LangGraph: pip install 'hermes-supervisor[langgraph]' "
+                         "(installs langgraph, langgraph-checkpoint-sqlite and langchain-core)"),
+           promises_with={("--durability", mode): Promises(dispatch_intents=False, durable_requests=False,
+                                                           stream_retraction=False, durable_projections=False)
+                          for mode in ("async", "exit")}),
 )}
 DEFAULT_TARGET = "hermes"
 

@@ -1,9 +1,13 @@
-"""Fixtures shared by the hermes unit tests: real SQLite files, a probe recorder, a model server."""
+"""Fixtures shared by the hermes unit tests: real SQLite files, a probe recorder, a model server,
+`serve` processes, and the scripts under scripts/ as modules."""
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -11,6 +15,11 @@ import hermes.runner
 from hermes import probes
 from hermes.state import SessionDB
 from testkit.modelserver import Script, ScriptedModelServer
+
+if TYPE_CHECKING:
+    from daemon_helpers.harness import Daemons
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -93,3 +102,30 @@ def serve() -> Iterator[Callable[..., ScriptedModelServer]]:
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Daemons]:
+    """Start `serve` processes; each, with every process it started, is killed by recorded pid at the end."""
+    from daemon_helpers.harness import Daemons  # here: only the tests that run a daemon load the harness
+
+    started = Daemons(tmp_path)
+    try:
+        yield started
+    finally:
+        started.cleanup()
+
+
+@pytest.fixture
+def load_script() -> Callable[[str], ModuleType]:
+    """`load_script("soak")` imports scripts/soak.py (the scripts are no package) as module `hermes_soak`."""
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(f"hermes_{name}", REPO / "scripts" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up by name
+        spec.loader.exec_module(module)
+        return module
+
+    return load

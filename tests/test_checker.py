@@ -983,6 +983,16 @@ def test_missing_intents_are_a_contract_finding_for_a_target_without_them() -> N
     assert lost_request.violations[0].kind == "damage"
 
 
+def test_a_request_saved_only_after_its_tool_ran_is_a_contract_finding_where_not_promised() -> None:
+    effect = {"t": 0.1, "case": "c", "type": "effect", "tool": "append_note", "tool_call_id": "c1", "turn": "t1",
+              "request_durable": False, "intent_durable": False}
+    sdk = Promises(dispatch_intents=False, durable_requests=False)
+    assert durable_before_effect([effect], sdk).violations[0].kind == "contract"
+    # A target that promises either piece is damaged when that piece is missing.
+    assert durable_before_effect([effect], Promises(durable_requests=False)).violations[0].kind == "damage"
+    assert durable_before_effect([effect], Promises(dispatch_intents=False)).violations[0].kind == "damage"
+
+
 # ================================================================= list content
 def test_a_list_content_turn_is_well_formed(scenario: Scenario) -> None:
     content = [{"type": "text", "text": "what is in this picture?"},
@@ -991,3 +1001,4 @@ def test_a_list_content_turn_is_well_formed(scenario: Scenario) -> None:
     scenario.assistant("t1", "A cat.")
     scenario.finish("t1")
     holds(well_formed(scenario.db_path))
+

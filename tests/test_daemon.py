@@ -11,11 +11,8 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -25,36 +22,20 @@ from supervisor.chaos.checker import check_structure
 from supervisor.daemon import cli as daemon_cli
 from supervisor.daemon import inbox
 from supervisor.daemon.demo import echo_script
-from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, last_user_text, reply_index
+from testkit.modelserver import ScriptedModelServer
 
-REPO = Path(__file__).resolve().parents[1]
+from daemon_helpers import harness  # isort: skip
+from daemon_helpers.harness import (  # isort: skip
+    Daemons, assert_well_formed, env_for, slow_script, turn_state, wait_for)
+
 chaos = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 
 
 # ------------------------------------------------------------------ helpers
-def _env(tmp_path: Path, extra_path: Path | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", HERMES_HOME=str(tmp_path / "home"))
-    paths = [str(extra_path)] if extra_path else []
-    env["PYTHONPATH"] = os.pathsep.join([*paths, str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    return env
-
-
 def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
         timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "supervisor.daemon.cli", *args], cwd=REPO,
-                          env=env or _env(tmp_path), capture_output=True, text=True, timeout=timeout)
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 20.0, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
+    """The harness's `cli`, in the environment of this test (`env_for(tmp_path)`) unless told otherwise."""
+    return harness.cli(*args, env=env or env_for(tmp_path), timeout=timeout)
 
 
 def describe(pids: list[int]) -> list[str]:
@@ -66,129 +47,6 @@ def describe(pids: list[int]) -> list[str]:
         except psutil.Error as exc:
             out.append(f"{pid} ({exc})")
     return out
-
-
-def alive(pid: int, created: float) -> bool:
-    return inbox.process_alive(pid, created)
-
-
-class DaemonProcess:
-    """One `serve` process; remembers every process it started, for the no-orphan checks."""
-
-    def __init__(self, tmp_path: Path, db: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.db = db
-        self.out = tmp_path / f"daemon-{time.monotonic_ns()}.out"
-        self.seen: dict[int, float] = {}
-        with open(self.out, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.daemon.cli", "serve", "--db", str(db), *args], cwd=REPO,
-                env=env or _env(tmp_path), stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-        self.pid = self.proc.pid
-        try:
-            wait_for("the daemon to serve", self._ready, timeout=30)
-        except AssertionError:
-            self.cleanup()
-            raise AssertionError(f"daemon did not start: {self.output()}") from None
-
-    def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"daemon exited with {self.proc.returncode}: {self.output()}")
-        status = inbox.read_status(self.db)
-        return bool(status and status.get("pid") == self.pid and status.get("state") == "running")
-
-    def output(self) -> str:
-        return self.out.read_text(encoding="utf-8", errors="replace")[-4000:]
-
-    def note_children(self) -> dict[int, float]:
-        try:
-            for child in psutil.Process(self.pid).children(recursive=True):
-                try:
-                    self.seen.setdefault(child.pid, child.create_time())
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            pass
-        return dict(self.seen)
-
-    def live_workers(self) -> list[dict[str, Any]]:
-        self.note_children()
-        status = inbox.read_status(self.db) or {}
-        if status.get("pid") != self.pid:
-            return []
-        return [w for w in status.get("workers", []) if alive(w["pid"], w["create_time"])]
-
-    def survivors(self, timeout: float = 5.0) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = [pid for pid, created in self.seen.items() if alive(pid, created)]
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.05)
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM (drain), wait, and check that nothing it started is left."""
-        self.note_children()
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        assert self.survivors() == [], f"processes survived the daemon: {self.survivors()}"
-        return code
-
-    def cleanup(self) -> None:
-        """For a `finally`: kill the daemon and whatever it started, by recorded pid."""
-        self.note_children()
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
-        for pid, created in self.seen.items():
-            if alive(pid, created):
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    started: list[DaemonProcess] = []
-
-    def start(db: Path, *args: str, env: dict[str, str] | None = None) -> DaemonProcess:
-        d = DaemonProcess(tmp_path, db, *args, env=env)
-        started.append(d)
-        return d
-
-    try:
-        yield start
-    finally:
-        for d in started:
-            d.cleanup()
-
-
-def slow_script(seconds: dict[str, float]) -> Callable[[list[dict]], Reply]:
-    """Messages starting with a key of `seconds` run slow_lookup that long, then answer."""
-
-    def script(messages: list[dict]) -> Reply:
-        text = last_user_text(messages) or ""
-        delay = next((s for prefix, s in seconds.items() if text.startswith(prefix)), 0.0)
-        if reply_index(messages) == 0:
-            return Reply(tool_calls=(ToolCallSpec("slow_lookup", {"key": "k", "seconds": delay}),))
-        return Reply(content=f"done: {text}")
-
-    return script
-
-
-def turn_state(db: Path, turn_id: str) -> str | None:
-    with SessionDB(db, readonly=True) as handle:
-        turn = handle.get_turn(turn_id)
-    return turn["state"] if turn else None
-
-
-def assert_structure_ok(db: Path, sessions: list[str]) -> None:
-    for session in sessions:
-        verdict = check_structure(db, session)
-        assert verdict.valid is True, json.dumps(verdict.to_json(), indent=1)[:3000]
 
 
 # ------------------------------------------------------------- no processes
@@ -301,7 +159,7 @@ def test_abandoning_a_turn_leaves_the_transcript_well_formed(tmp_path: Path) -> 
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
 def test_submit_status_result_round_trip_and_a_second_daemon_is_refused(
-        tmp_path: Path, daemons: Callable[..., DaemonProcess]) -> None:
+        tmp_path: Path, daemons: Daemons) -> None:
     db = tmp_path / "state.db"
     first = cli(tmp_path, "submit", "--db", str(db), "--session", "alpha", "hello there")
     assert first.returncode == 0, first.stderr
@@ -344,15 +202,15 @@ def test_submit_status_result_round_trip_and_a_second_daemon_is_refused(
 
     assert daemon.stop() == 0
     assert inbox.read_status(db)["state"] == "stopped"
-    assert_structure_ok(db, ["alpha", "beta"])
+    assert_well_formed(db, "alpha", "beta")
 
 
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
-def test_sigterm_drains_then_the_next_start_resumes(tmp_path: Path, daemons: Callable[..., DaemonProcess]) -> None:
+def test_sigterm_drains_then_the_next_start_resumes(tmp_path: Path, daemons: Daemons) -> None:
     db = tmp_path / "state.db"
     log = tmp_path / "daemon.log"
-    with ScriptedModelServer(slow_script({"quick": 0.5, "slow": 3.0})) as model:
+    with ScriptedModelServer(slow_script({"quick": 0.5, "slow": 3.0}, others=0.0)) as model:
         quick, _ = inbox.submit(db, "a", "quick one")
         follow, _ = inbox.submit(db, "a", "follow-up after the quick one")
         slow, _ = inbox.submit(db, "b", "slow one")
@@ -383,22 +241,22 @@ def test_sigterm_drains_then_the_next_start_resumes(tmp_path: Path, daemons: Cal
     with SessionDB(db, readonly=True) as handle:
         rows = handle.get_messages("b")
     assert [r["content"] for r in rows if r["role"] == "assistant" and not r["tool_calls"]] == ["done: slow one"]
-    assert_structure_ok(db, ["a", "b"])
+    assert_well_formed(db, "a", "b")
 
 
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
 def test_daemon_sigkill_leaves_no_orphans_and_the_next_start_resumes(
-        tmp_path: Path, daemons: Callable[..., DaemonProcess]) -> None:
+        tmp_path: Path, daemons: Daemons) -> None:
     db = tmp_path / "state.db"
-    with ScriptedModelServer(slow_script({"slow": 3.0})) as model:
+    with ScriptedModelServer(slow_script({"slow": 3.0}, others=0.0)) as model:
         turns = [inbox.submit(db, f"s{i}", f"slow {i}")[0] for i in range(2)]
         args = ["--workers", "2", "--base-url", model.base_url, "--model", "scripted-model", "--tools", "chaos"]
         daemon = daemons(db, *args)
         wait_for("both turns to start", lambda: [turn_state(db, t) for t in turns] == ["running"] * 2)
         assert len(daemon.live_workers()) == 2
         children = daemon.note_children()
-        commands = [" ".join(psutil.Process(pid).cmdline()) for pid in children]
+        commands = [" ".join(child.cmdline()) for child in children]
         assert len(children) >= 3 and all("worker.forkserver" in c for c in commands)  # template + forked workers
 
         stopped = daemon.live_workers()[0]
@@ -419,7 +277,7 @@ def test_daemon_sigkill_leaves_no_orphans_and_the_next_start_resumes(
         try:
             wait_for("all but the stopped worker to exit", only_the_stopped_one_left, timeout=5.0)
         except AssertionError:
-            raise AssertionError(f"stopped {stopped['pid']}; started {describe(list(children))}; "
+            raise AssertionError(f"stopped {stopped['pid']}; started {describe([child.pid for child in children])}; "
                                  f"alive after the kill: {history[0]} ... {history[-1]}") from None
         assert [turn_state(db, t) for t in turns] == ["running", "running"]
 
@@ -429,7 +287,7 @@ def test_daemon_sigkill_leaves_no_orphans_and_the_next_start_resumes(
                  timeout=30)
         assert daemon.stop() == 0
         assert "killed a leftover process of a previous daemon" in daemon.output()
-    assert_structure_ok(db, ["s0", "s1"])
+    assert_well_formed(db, "s0", "s1")
 
 
 POISON_SITE = '''
@@ -461,14 +319,14 @@ if _tools is not None:
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
 def test_a_crash_loop_fails_the_turn_with_a_reason_and_the_session_goes_on(
-        tmp_path: Path, daemons: Callable[..., DaemonProcess]) -> None:
+        tmp_path: Path, daemons: Daemons) -> None:
     """The built-in model looks the message up; the tool crashes the worker on "segfault", every
     time: the lookup is idempotent, so each resume reruns it and dies again, and no message row
     is ever added (only dispatch intents). That is a crash loop; it must end in a failure."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(POISON_SITE)
-    env = _env(tmp_path, site)
+    env = env_for(tmp_path, site)
     db = tmp_path / "state.db"
     poison, _ = inbox.submit(db, "p", "segfault")
     after, _ = inbox.submit(db, "p", "after the crash")
@@ -493,4 +351,4 @@ def test_a_crash_loop_fails_the_turn_with_a_reason_and_the_session_goes_on(
     assert [r["role"] for r in rows] == ["user", "assistant", "tool"]
     assert json.loads(rows[-1]["content"])["status"] == "outcome_unknown"
     assert len(intents) >= 3  # every resume dispatched the lookup again: that is not progress
-    assert_structure_ok(db, ["p", "q"])
+    assert_well_formed(db, "p", "q")

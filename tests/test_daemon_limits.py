@@ -3,29 +3,17 @@
 to act on, its transcript well-formed, and the session's later turns run. Real processes."""
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hermes.state import SessionDB
-from supervisor.chaos.checker import check_structure
 from supervisor.daemon import inbox
 from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, last_user_text, reply_index
 
-from daemon_helpers.harness import Daemons, cli, env_for, wait_for  # isort: skip
+from daemon_helpers.harness import Daemons, assert_well_formed, cli, env_for, wait_for  # isort: skip
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
-    started = Daemons(tmp_path)
-    try:
-        yield started
-    finally:
-        started.cleanup()
 
 
 def turn_row(db: Path, turn: str) -> dict:
@@ -40,11 +28,6 @@ def ended(db: Path, turn: str) -> bool:
 def requests_of(model: ScriptedModelServer, text: str) -> list[dict]:
     return [r for r in model.requests if r.get("path") == "/v1/chat/completions"
             and last_user_text(r["messages"]) == text]
-
-
-def assert_well_formed(db: Path, session: str) -> None:
-    verdict = check_structure(db, session)
-    assert verdict.valid is True, json.dumps(verdict.to_json(), indent=1)[:3000]
 
 
 def test_the_model_call_limit_holds_across_a_worker_crash(tmp_path: Path, daemons: Daemons) -> None:
@@ -119,5 +102,4 @@ def test_a_turn_that_dies_after_every_step_ends_at_the_attempt_limit(tmp_path: P
         assert row["state"] == "failed" and row["error"].startswith("attempt limit: 3 workers")
         assert "leased turn session=t" not in daemon.output()
         assert daemon.stop() == 0
-    assert_well_formed(db, "s")
-    assert_well_formed(db, "t")
+    assert_well_formed(db, "s", "t")

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -23,23 +22,7 @@ from supervisor.procs.pool import ForkServer, Pool, WorkerProcess
 from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, reply_index
 from worker.protocol import Channel, recv_with_fds
 
-from daemon_helpers.harness import HELPERS, Daemons, env_for, wait_for  # isort: skip
-
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
-    started = Daemons(tmp_path)
-    try:
-        yield started
-    finally:
-        started.cleanup()
-
-
-def state_of(db: Path, turn: str) -> str | None:
-    with SessionDB(db, readonly=True) as handle:
-        row = handle.get_turn(turn)
-    return row["state"] if row else None
+from daemon_helpers.harness import HELPERS, Daemons, env_for, turn_state, wait_for  # isort: skip
 
 
 def helper_pid(db: Path, session: str) -> int:
@@ -75,7 +58,7 @@ def test_orphans_of_a_tool_are_reaped_and_killed_at_shutdown(tmp_path: Path, dae
         daemon = daemons(db, "--base-url", model.base_url, "--model", "scripted-model", "--tools", "orphan_tools",
                          *([] if forkserver else ["--no-forkserver"]), env=env)
         first, _ = inbox.submit(db, "a", "start one")
-        wait_for("the first turn to end", lambda: state_of(db, first) == "done")
+        wait_for("the first turn to end", lambda: turn_state(db, first) == "done")
         orphan = helper_pid(db, "a")
         # Its worker has exited: the helper is the daemon's child now (the daemon is a subreaper).
         wait_for("the daemon to inherit the helper", lambda: parent_of(orphan) == daemon.pid)
@@ -89,7 +72,7 @@ def test_orphans_of_a_tool_are_reaped_and_killed_at_shutdown(tmp_path: Path, dae
         assert f"reaped an orphan pid={orphan}" in daemon.output()
 
         second, _ = inbox.submit(db, "b", "start another")
-        wait_for("the second turn to end", lambda: state_of(db, second) == "done")
+        wait_for("the second turn to end", lambda: turn_state(db, second) == "done")
         still_running = helper_pid(db, "b")
         wait_for("the daemon to inherit the second helper", lambda: parent_of(still_running) == daemon.pid)
         assert daemon.stop() == 0  # nothing it started or inherited is left (the harness checks)
@@ -112,7 +95,7 @@ def test_a_failed_fork_in_the_template_is_an_error_and_the_template_serves_on(
                                                   {"pid": -1, "create_time": None}], "templates": [{"pid": 0}]})
     turn, _ = inbox.submit(db, "s", "after two failed forks")
     daemon = daemons(db, "--workers", "1", "--backoff-base", "0.05", env=env)
-    wait_for("the turn to end", lambda: state_of(db, turn) == "done")
+    wait_for("the turn to end", lambda: turn_state(db, turn) == "done")
     out = daemon.output()
     assert out.count("could not start a worker: the worker template failed: fork failed") == 2, out
     assert "fork refused (test fault, outer)" in out and "fork refused (test fault, inner)" in out

@@ -8,30 +8,19 @@ import json
 import os
 import stat
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from hermes.state import SessionDB
 from supervisor.daemon import inbox
 from testkit import modelserver
 from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, last_user_text, reply_index
 
-from daemon_helpers.harness import REPO, Daemons, cli, env_for, wait_for  # isort: skip
+from daemon_helpers.harness import REPO, Daemons, cli, env_for, slow_script, turn_state, wait_for  # isort: skip
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 CHAOS_TOOLS = {"lookup", "slow_lookup", "set_value", "append_note", "broken_tool", "restart_agent"}
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
-    started = Daemons(tmp_path)
-    try:
-        yield started
-    finally:
-        started.cleanup()
 
 
 @pytest.fixture
@@ -52,25 +41,6 @@ def answer_script(messages: list[dict]) -> Reply:
     return Reply(content=f"answer to: {last_user_text(messages)}")
 
 
-def slow_script(seconds: dict[str, float]) -> Callable[[list[dict]], Reply]:
-    """Messages starting with a key of `seconds` run slow_lookup that long first."""
-
-    def script(messages: list[dict]) -> Reply:
-        text = last_user_text(messages) or ""
-        delay = next((s for prefix, s in seconds.items() if text.startswith(prefix)), None)
-        if delay is not None and reply_index(messages) == 0:
-            return Reply(tool_calls=(ToolCallSpec("slow_lookup", {"key": "k", "seconds": delay}),))
-        return Reply(content=f"done: {text}")
-
-    return script
-
-
-def state_of(db: Path, turn: str) -> str | None:
-    with SessionDB(db, readonly=True) as handle:
-        row = handle.get_turn(turn)
-    return row["state"] if row else None
-
-
 def submit(db: Path, session: str, text: str) -> str:
     return inbox.submit(db, session, text)[0]
 
@@ -87,7 +57,7 @@ def test_a_real_model_is_offered_no_tools_unless_asked_and_gets_the_system_promp
         base = ["--base-url", model.base_url, "--model", "scripted-model", "--workers", "1"]
         daemon = daemons(db, *base, "--system-prompt", "Answer in one word.", "--stream", env=env)
         first = submit(db, "s", "what is alpha?")
-        wait_for("the turn to end", lambda: state_of(db, first) == "done")
+        wait_for("the turn to end", lambda: turn_state(db, first) == "done")
         assert daemon.stop() == 0
         requests = chat_requests(model)
         assert requests and all(r["tools"] == [] for r in requests)  # no restart_agent for a real model
@@ -100,7 +70,7 @@ def test_a_real_model_is_offered_no_tools_unless_asked_and_gets_the_system_promp
         prompt.write_text("Prompt from a file: é.\n", encoding="utf-8")
         daemon = daemons(db, *base, "--tools", "chaos", "--system-prompt-file", str(prompt), "--no-stream", env=env)
         second = submit(db, "s", "and beta?")
-        wait_for("the turn to end", lambda: state_of(db, second) == "done")
+        wait_for("the turn to end", lambda: turn_state(db, second) == "done")
         assert daemon.stop() == 0
         requests = chat_requests(model)
         assert requests and all(set(r["tools"]) == CHAOS_TOOLS and r["stream"] is False for r in requests)
@@ -123,11 +93,11 @@ def test_no_command_line_holds_the_message_or_the_api_key(
         assert stat.S_IMODE(messages_dir.stat().st_mode) == 0o700
 
         quick = submit(db, "q", "a quick one")
-        wait_for("the quick turn to end", lambda: state_of(db, quick) == "done")
+        wait_for("the quick turn to end", lambda: turn_state(db, quick) == "done")
         wait_for("its message file to be removed", lambda: not list(messages_dir.glob("*.msg")))
 
         slow = submit(db, "s", secret)
-        wait_for("the slow turn to run", lambda: state_of(db, slow) == "running")
+        wait_for("the slow turn to run", lambda: turn_state(db, slow) == "running")
         status = wait_for("its worker", lambda: (inbox.read_status(db) or {}).get("workers"))
         worker = psutil.Process(status[0]["pid"])
         daemon.note_children()
@@ -185,7 +155,7 @@ crash_limit = 3
         daemon.db = db
         wait_for("the daemon to serve", daemon.serving)
         turn = submit(db, "s", "look it up")
-        wait_for("the turn to end", lambda: state_of(db, turn) == "done")
+        wait_for("the turn to end", lambda: turn_state(db, turn) == "done")
         status = inbox.read_status(db)
         assert status["workers_max"] == 2  # the flag, not the file's 1
         assert daemon.stop() == 0
@@ -238,7 +208,7 @@ def test_status_shows_each_turns_model_calls(tmp_path: Path, daemons: Daemons) -
     env = env_for(tmp_path)
     daemon = daemons(db, "--workers", "1", env=env)  # the built-in demo: a lookup, then an answer
     turn = submit(db, "s", "count me")
-    wait_for("the turn to end", lambda: state_of(db, turn) == "done")
+    wait_for("the turn to end", lambda: turn_state(db, turn) == "done")
     data = json.loads(cli("status", "--db", str(db), "--json", env=env).stdout)
     entry = data["sessions"][0]["turns"][0]
     assert (entry["attempts"], entry["model_calls"]) == (1, 2)

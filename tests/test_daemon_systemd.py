@@ -33,15 +33,6 @@ def notify_socket() -> Iterator[tuple[socket.socket, str]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
-    started = Daemons(tmp_path)
-    try:
-        yield started
-    finally:
-        started.cleanup()
-
-
 def receive(sock: socket.socket) -> dict[str, str]:
     data = sock.recv(4096).decode("utf-8")
     return dict(line.split("=", 1) for line in data.split("\n") if "=" in line)

@@ -110,3 +110,27 @@ def test_a_changed_upstream_count_changes_the_upstream_block() -> None:
                 changed = copy.deepcopy(stored)
                 changed["campaigns"][mode][target][key] += 1
                 assert figures.render_upstream(changed) != block, (mode, target, key)
+
+
+def test_the_targets_block_is_generated_from_the_stored_campaigns() -> None:
+    targets = figures.target_figures
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert text.count(targets.BEGIN) == text.count(targets.END) == 1
+    assert targets.read_block(text) == targets.block(), (
+        "README.md's targets block differs from docs/figures/targets.json: run `python scripts/target_figures.py`")
+
+
+def test_every_stored_target_row_shows_its_counts_and_its_command() -> None:
+    import copy
+
+    targets = figures.target_figures
+    stored = targets.read_store()
+    block = targets.render(stored)
+    for row in targets.ROWS:
+        assert "hermes-supervisor " + " ".join(targets.command(row)) in block
+        if row.key not in stored["rows"]:
+            continue
+        for key in ("cases", "kills", "violations"):
+            changed = copy.deepcopy(stored)
+            changed["rows"][row.key][key] += 1
+            assert targets.render(changed) != block, (row.key, key)

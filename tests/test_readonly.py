@@ -272,6 +272,29 @@ def test_connect_readonly_follows_a_running_writer(db_path: Path) -> None:
             frozen.close()
 
 
+def test_connect_readonly_copes_with_a_wal_deleted_while_it_looks(db_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer closing its last connection deletes its WAL at any instant, e.g. between a
+    reader's look at the WAL's existence and at its size: that is an absent WAL, not an error."""
+    with SessionDB(db_path) as writer:
+        writer.create_session("a")
+    real_stat = os.stat
+
+    def wal_just_deleted(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if str(path).endswith("-wal"):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    # The WAL is seen to exist, then gone when its size is asked for.
+    monkeypatch.setattr(Path, "exists", lambda self: str(self).endswith("-wal") or os.path.exists(self))
+    monkeypatch.setattr(os, "stat", wal_just_deleted)
+    live = connect_readonly(db_path)
+    try:
+        assert [r[0] for r in live.execute("SELECT id FROM sessions")] == ["a"]
+    finally:
+        live.close()
+
+
 def test_snapshot_readers_refuse_writes(tmp_path: Path) -> None:
     db = _killed_writer_db(tmp_path / "data")
     conn = open_snapshot(db)

@@ -1,28 +1,18 @@
 """The soak of scripts/soak.py, scaled to CI: random worker kills plus one daemon SIGKILL."""
 from __future__ import annotations
 
-import importlib.util
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _soak_module():
-    spec = importlib.util.spec_from_file_location("hermes_soak", REPO / "scripts" / "soak.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
-def test_every_turn_is_done_exactly_once_under_worker_and_daemon_kills(tmp_path: Path) -> None:
-    soak = _soak_module()
+def test_every_turn_is_done_exactly_once_under_worker_and_daemon_kills(
+        tmp_path: Path, load_script: Callable[[str], ModuleType]) -> None:
+    soak = load_script("soak")
     # The full soak kills one of 4 workers every 50-500 ms; with 2 workers, 100-1000 ms keeps each
     # worker under the same kill rate (a worker needs ~0.2 s for a turn, ~0.1 s of it to start).
     result = soak.run_soak(soak.SoakConfig(workers=2, turns=40, sessions=8, kill_min_ms=100, kill_max_ms=1000,

@@ -1,28 +1,18 @@
 """The HTTP soak of scripts/soak_http.py, scaled to CI: clients over HTTP under worker kills and one daemon SIGKILL."""
 from __future__ import annotations
 
-import importlib.util
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _soak_module():
-    spec = importlib.util.spec_from_file_location("hermes_soak_http", REPO / "scripts" / "soak_http.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
-def test_every_client_sees_its_durable_rows_once_under_worker_and_daemon_kills(tmp_path: Path) -> None:
-    soak = _soak_module()
+def test_every_client_sees_its_durable_rows_once_under_worker_and_daemon_kills(
+        tmp_path: Path, load_script: Callable[[str], ModuleType]) -> None:
+    soak = load_script("soak_http")
     result = soak.run_http_soak(soak.HttpSoakConfig(turns=60, clients=6, sessions=10, workers=2, window=2,
                                                     kill_min_ms=100, kill_max_ms=1000, daemon_kills=1, seed=7,
                                                     workdir=tmp_path / "soak", timeout=240))

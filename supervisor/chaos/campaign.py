@@ -1,8 +1,8 @@
 """Chaos campaigns: plan the cases, run them, summarize what happened.
 
 Plan: each scenario's fault-free run first (its trace is what the generator derives cases
-from, supervisor.chaos.generator), then the mode's cases, filtered by shard, probe and
-limit. Run: cases run on a thread pool (`jobs`), each by a `CaseRunner` with real worker
+from, supervisor.chaos.generator), then the mode's cases, kept by probe, cut by limit, and
+split by shard (supervisor.chaos.plan). Run: cases run on a thread pool (`jobs`), each by a `CaseRunner` with real worker
 processes, against one scripted model server and one process pool for the campaign.
 Results stream to history.jsonl (and each case's file); only running cases stay in memory.
 Summarize: cases, landed kills, violations by class, what was not judged and why, and per
@@ -21,12 +21,13 @@ from typing import Any, Callable
 from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
 from supervisor.chaos.checker import NO_KILL, UNFIRED, Verdict
-from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, in_shard, random_cases
+from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
 from supervisor.chaos.history import HistoryWriter, write_json
 from supervisor.chaos.nemesis.model import MODEL_FAULTS, with_model_faults
+from supervisor.chaos.plan import Plan
 from supervisor.chaos.runner import CaseResult, CaseRunner
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, campaign_script
-from supervisor.procs.pool import Pool, WorkerProcess
+from supervisor.procs.pool import Pool, PoolStopped, WorkerProcess
 from supervisor.targets import DEFAULT_TARGET, TARGETS
 from testkit.modelserver import ScriptedModelServer
 
@@ -53,20 +54,41 @@ class CampaignConfig:
     case_files: Path | None = None  # when set, each case's result and history is written here as JSON
     probes: tuple[str, ...] = ()  # only derive cases whose first fault is at one of these probes
     target: str = DEFAULT_TARGET  # the system under test: a name in supervisor.targets.TARGETS
+    # Options of the target's own (e.g. ("--durability", "sync")): added to every worker's argv after
+    # `--target NAME`, and to each case's repro line, so they must be spelled the same on both.
+    target_args: tuple[str, ...] = ()
 
 
 class Campaign:
+    """One campaign (or one shard of it): `run()` plans and runs it; `stop()` ends it early.
+
+    `on_result` gets each finished case's result (from the thread that ran it), `on_plan` the
+    plan once it is known (again when double mode adds its second kills). A stopped campaign
+    starts no more cases, its workers are killed by their recorded pids, and the cases that were
+    running are dropped (they were cut short by the stop, not by their plan): `run()` returns
+    what finished, `plan` says what was planned and `stopped` why it stopped.
+    """
+
     def __init__(self, config: CampaignConfig, progress: Callable[[str], None] | None = None,
-                 history_path: Path | None = None, log_sink: Callable[[WorkerProcess, bytes], None] | None = None
-                 ) -> None:
+                 history_path: Path | None = None, log_sink: Callable[[WorkerProcess, bytes], None] | None = None,
+                 *, on_result: Callable[[CaseResult], None] | None = None,
+                 on_plan: Callable[[Plan], None] | None = None, campaign_id: str | None = None) -> None:
         self.config = config
         self.progress = progress or (lambda line: None)
         # Workers start as forks of the warm template where the target allows it, else as fresh interpreters.
         self.pool = Pool(forkserver=config.forkserver and TARGETS[config.target].forkserver)
         self.history = HistoryWriter(history_path) if history_path else None
         self.log_sink = log_sink
+        self.on_result = on_result
+        self.on_plan = on_plan
+        self.campaign_id = campaign_id
         self.results: list[CaseResult] = []
         self.baselines: dict[str, CaseResult] = {}
+        self.plan: Plan | None = None
+        self.stopped: str | None = None  # why the campaign was stopped early (e.g. "SIGINT")
+        self._stop = threading.Event()
+        self._root: Path | None = None
+        self._server: ScriptedModelServer | None = None
         self._shared: dict[Any, Any] = {}
         self._shared_lock = threading.Lock()
 
@@ -78,84 +100,163 @@ class Campaign:
                 self._shared[key] = make() if make is not None else key
             return self._shared[key]
 
-    def _run_cases(self, cases: list[Case], root: Path, base_url: str,
-                   keep_traces: bool = False) -> list[CaseResult]:
-        """Run `cases`; only summaries stay in memory (traces only where further cases derive from them)."""
-        def one(case: Case) -> CaseResult:
-            runner = CaseRunner(case, root, base_url, self.pool, self.history, self.config, self.log_sink)
-            result = runner.run()
-            if self.config.case_files is not None:
-                # The case's whole history goes to disk now; the campaign keeps only its summary.
-                make_private_dirs(self.config.case_files)
-                write_json(self.config.case_files / f"{case_file_stem(case.case_id)}.json",
-                           dict(result.to_json(), events=runner.history.events))
-            if not self.config.keep and result.verdict.valid is True:
-                shutil.rmtree(runner.dir, ignore_errors=True)
-            if not keep_traces:
-                result.trace = []
-            if result.verdict.valid is True:  # a pass needs no per-invariant detail in memory
-                result.verdict = self._share(("pass", result.verdict.name),
-                                             lambda: Verdict(True, [], {}, result.verdict.name))
-            # Thousands of cases reach the same probes with the same flags: one copy of each.
-            result.reached = self._share(result.reached)
-            result.flags = self._share(result.flags)
-            mark = {True: "ok", False: "VIOLATION"}.get(result.verdict.valid, "unknown")  # type: ignore[arg-type]
-            self.progress(f"{mark:9} {case.case_id} ({result.seconds:.2f}s, {result.kills} kills)")
-            return result
+    # ------------------------------------------------------------ stopping
+    def stop(self, reason: str) -> None:
+        """Start no more cases and kill every live worker by its recorded pid (thread-safe; the
+        reapers reap them). `run()` then returns the cases that finished before the stop."""
+        if self.stopped is None:
+            self.stopped = reason
+        self._stop.set()
+        self.pool.stop("stop")
 
-        with ThreadPoolExecutor(max_workers=max(1, self.config.jobs)) as pool:
-            return list(pool.map(one, cases))
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
-    def run(self) -> list[CaseResult]:
+    # ------------------------------------------------------------ one case
+    def open(self) -> None:
+        """The campaign's working directory and scripted model server (`run` opens and closes them)."""
         config = self.config
-        root = Path(config.workdir or tempfile.mkdtemp(prefix="hermes-chaos-"))
-        make_private_dirs(root)
-        scenarios = [SCENARIOS[name] for name in config.scenarios]
+        self._root = Path(config.workdir or tempfile.mkdtemp(prefix="hermes-chaos-"))
+        make_private_dirs(self._root)
+        script = with_model_faults(campaign_script([SCENARIOS[name] for name in config.scenarios]),
+                                   [f for f in config.faults if f in MODEL_FAULTS])
+        self._server = ScriptedModelServer(script, model=MODEL, request_log=MODEL_REQUEST_LOG).start()
+
+    def close(self) -> None:
         try:
-            script = with_model_faults(campaign_script(scenarios), [f for f in config.faults if f in MODEL_FAULTS])
-            with ScriptedModelServer(script, model=MODEL, request_log=MODEL_REQUEST_LOG) as server:
-                if config.case_ids:
-                    self.results = self._run_cases([Case.parse(c) for c in config.case_ids], root, server.base_url)
-                    return self.results
-                baselines = self._run_cases([Case(s.name) for s in scenarios], root, server.base_url,
-                                            keep_traces=True)
-                self.baselines = {r.case.scenario: r for r in baselines}
-                cases = self._derive(root, server.base_url)
-                cases = [c for c in cases if in_shard(c, config.shard) and self._selected(c)]
-                if config.limit is not None:
-                    cases = cases[: config.limit]
-                self.progress(f"{len(cases)} cases ({config.mode}) over {len(scenarios)} scenario(s)")
-                # Double mode already holds its first-kill cases in self.results; keep them.
-                self.results = baselines + self.results + self._run_cases(cases, root, server.base_url)
-        finally:
             self.pool.close()
+        finally:
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
             if self.history is not None:
                 self.history.close()
-            if not config.keep and config.workdir is None:
-                shutil.rmtree(root, ignore_errors=True)
+            if self._root is not None and not self.config.keep and self.config.workdir is None:
+                shutil.rmtree(self._root, ignore_errors=True)
+
+    def run_case(self, case: Case, keep_trace: bool = False) -> CaseResult | None:
+        """Run one case (the campaign must be open); None when the campaign stopped before or
+        while it ran. An aimed timer is aimed here, at its scenario's measured live span."""
+        if self._stop.is_set():
+            return None
+        assert self._root is not None and self._server is not None, "the campaign is not open"
+        if case.fault is not None and case.fault.unaimed:
+            baseline = self.baselines.get(case.scenario)
+            case = Case(case.scenario, case.fault.aimed(baseline.span_ms if baseline else 0))
+        runner = CaseRunner(case, self._root, self._server.base_url, self.pool, self.history, self.config,
+                            self.log_sink)
+        try:
+            result = runner.run()
+        except PoolStopped:
+            result = None
+        if result is None or self._stop.is_set():  # cut short by the stop, not by its plan: not judged
+            if not self.config.keep:
+                shutil.rmtree(runner.dir, ignore_errors=True)
+            return None
+        if self.config.case_files is not None:
+            # The case's whole history goes to disk now; the campaign keeps only its summary.
+            make_private_dirs(self.config.case_files)
+            write_json(self.config.case_files / f"{case_file_stem(case.case_id)}.json",
+                       dict(result.to_json(), events=runner.history.events))
+        if not self.config.keep and result.verdict.valid is True:
+            shutil.rmtree(runner.dir, ignore_errors=True)
+        if not keep_trace:
+            result.trace = []
+        if result.verdict.valid is True:  # a pass needs no per-invariant detail in memory
+            result.verdict = self._share(("pass", result.verdict.name),
+                                         lambda: Verdict(True, [], {}, result.verdict.name))
+        # Thousands of cases reach the same probes with the same flags: one copy of each.
+        result.reached = self._share(result.reached)
+        result.flags = self._share(result.flags)
+        if self.on_result is not None:
+            self.on_result(result)
+        mark = {True: "ok", False: "VIOLATION"}.get(result.verdict.valid, "unknown")  # type: ignore[arg-type]
+        self.progress(f"{mark:9} {case.case_id} ({result.seconds:.2f}s, {result.kills} kills)")
+        return result
+
+    def _run_cases(self, cases: list[Case], keep_traces: bool = False) -> list[CaseResult]:
+        """Run `cases` on `jobs` threads; only summaries stay in memory (traces only where further
+        cases derive from them). Cases the stop cut short or never started are left out."""
+        with ThreadPoolExecutor(max_workers=max(1, self.config.jobs)) as pool:
+            return [r for r in pool.map(lambda c: self.run_case(c, keep_traces), cases) if r is not None]
+
+    # ------------------------------------------------------------ the campaign
+    def run(self) -> list[CaseResult]:
+        self.open()
+        try:
+            self.results = self._run_given() if self.config.case_ids else self._run_planned()
+        finally:
+            self.close()
         return self.results
+
+    def run_baselines(self, scenarios: list[str]) -> list[CaseResult]:
+        """The scenarios' fault-free runs, traces kept: what every plan is derived from."""
+        done = self._run_cases([Case(s) for s in scenarios], keep_traces=True)
+        self.baselines.update({r.case.scenario: r for r in done})
+        return done
+
+    def _announce(self, plan: Plan) -> None:
+        self.plan = plan
+        if self.on_plan is not None:
+            self.on_plan(plan)
+
+    def _run_given(self) -> list[CaseResult]:
+        """`--case ID ...`: exactly those cases, after the fault-free runs their aimed timers need."""
+        config = self.config
+        cases = [Case.parse(c) for c in config.case_ids]
+        needed = sorted({c.scenario for c in cases if c.fault is not None and c.fault.unaimed})
+        plan = Plan.start(config, self.campaign_id, [Case(s).case_id for s in needed])
+        self._announce(plan)
+        done = self.run_baselines(needed)
+        if self._stop.is_set():
+            return done
+        plan.given(config, cases)
+        self._announce(plan)
+        return done + self._run_cases(cases)
+
+    def _run_planned(self) -> list[CaseResult]:
+        config = self.config
+        plan = Plan.start(config, self.campaign_id, [Case(s).case_id for s in config.scenarios])
+        self._announce(plan)
+        done = self.run_baselines(list(config.scenarios))
+        if self._stop.is_set() or len(self.baselines) < len(config.scenarios):
+            return done  # the plan is derived from every fault-free run
+        cases = plan.derive(config, self.full_plan())
+        self.progress(f"{len(cases)} cases ({config.mode}) over {len(config.scenarios)} scenario(s)")
+        self._announce(plan)
+        done += self._run_cases(cases, keep_traces=config.mode == "double")
+        if config.mode == "double" and not self._stop.is_set():
+            # Each first kill's recovery (run above, in this shard) gives the second kills to pair with it.
+            firsts = {r.case.case_id: r for r in done if r.case.fault is not None}
+            seconds = [c for s in self.baselines for c in enumerate_cases(
+                "double", s, self.baselines[s], config,
+                {k: r for k, r in firsts.items() if r.case.scenario == s})]
+            if config.limit is not None:
+                seconds = seconds[: config.limit]
+            for result in done:
+                result.trace = []
+            self.progress(f"{len(seconds)} double-kill cases after {len(firsts)} first kills")
+            plan.extend(seconds)
+            self._announce(plan)
+            done += self._run_cases(seconds)
+        return done
 
     def _selected(self, case: Case) -> bool:
         wanted = self.config.probes
         return not wanted or (case.fault is not None and case.fault.probe in wanted)
 
-    def _derive(self, root: Path, base_url: str) -> list[Case]:
+    def full_plan(self) -> list[Case]:
+        """The cases an unsharded run plans from the fault-free runs: the mode's, kept by
+        `--probe`, cut by `--limit` (double mode: its first kills; see `_run_planned`)."""
         config = self.config
         if config.mode == "random":
-            return random_cases(config, self.baselines)
-        if config.mode == "double":
-            firsts = [c for s, b in self.baselines.items() for c in enumerate_cases("exhaustive", s, b, config)]
-            firsts = [c for c in firsts if in_shard(c, config.shard) and self._selected(c)]
-            if config.limit is not None:
-                firsts = firsts[: config.limit]
-            recoveries = self._run_cases(firsts, root, base_url, keep_traces=True)
-            self.results.extend(recoveries)
-            by_scenario: dict[str, dict[str, CaseResult]] = {}
-            for result in recoveries:
-                by_scenario.setdefault(result.case.scenario, {})[result.case.case_id] = result
-            return [c for s, b in self.baselines.items()
-                    for c in enumerate_cases("double", s, b, config, by_scenario.get(s, {}))]
-        return [c for s, b in self.baselines.items() for c in enumerate_cases(config.mode, s, b, config)]
+            cases = random_cases(config, self.baselines)
+        else:
+            mode = "exhaustive" if config.mode == "double" else config.mode
+            cases = [c for s in config.scenarios for c in enumerate_cases(mode, s, self.baselines[s], config)]
+        cases = [c for c in cases if self._selected(c)]
+        return cases if config.limit is None else cases[: config.limit]
 
 
 def summarize(results: list[CaseResult]) -> dict[str, Any]:

@@ -5,20 +5,26 @@ A case is one scenario run in a fresh directory with at most one kill plan (a ne
 
     exhaustive  a fault-free run records every probe hit; one case per hit
     double      each exhaustive kill, paired with each kill point of its recovery
-    random      seeded: probe kills drawn from the traces, and timer kills
+    random      seeded: probe kills drawn from the traces, and timer kills; case i follows
+                from (seed, i) and the traces alone (`RandomPlan.case`), so a shard derives
+                its own cases without the others'
     pause       SIGSTOP at each distinct probe, a new worker takes over, SIGCONT
 
 Every plan follows from the traces and the seed alone, so a campaign is reproducible,
-and every case has an id that parses back (`Case.parse`), so it can be rerun alone.
+and every case has an id that parses back (`Case.parse`), so it can be rerun alone. A
+random timer kill is named by the share of the live span it aims at (`timer@41.27%@t0p0`),
+which every process derives alike; its repro line names the delay it ran with
+(`timer@125ms@t0p0`), which reruns it to the millisecond.
 """
 from __future__ import annotations
 
 import random
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
-from supervisor.chaos.nemesis import Fault, aimed_delay_ms, timer_fractions
+from supervisor.chaos.nemesis import TIMER_AIM, Fault
 from supervisor.chaos.scenarios import SCENARIOS
 
 if TYPE_CHECKING:
@@ -38,7 +44,9 @@ class Case:
         return f"{self.scenario}/{self.fault.label() if self.fault else 'fault-free'}"
 
     def repro(self) -> str:
-        return f"hermes-supervisor chaos --case '{self.case_id}'"
+        """The command that reruns what ran (an aimed timer: with the delay it ran with)."""
+        exact = Case(self.scenario, self.fault.exact()) if self.fault else self
+        return f"hermes-supervisor chaos --case '{exact.case_id}'"
 
     @classmethod
     def parse(cls, case_id: str) -> "Case":
@@ -79,22 +87,36 @@ def enumerate_cases(mode: str, scenario: str, baseline: CaseResult, config: Camp
     raise ValueError(f"mode {mode!r} has no enumeration")
 
 
-def random_cases(config: CampaignConfig, baselines: dict[str, CaseResult]) -> list[Case]:
-    """Seeded: half timer kills, aimed inside the live span of the scenario's first worker as
-    its fault-free baseline measured it, and half probe kills drawn from the baseline's trace."""
-    rng = random.Random(config.seed)
-    fractions = timer_fractions(config.seed, config.runs)
-    names = sorted(baselines)
-    cases = []
-    for i in range(config.runs):
-        scenario = names[i % len(names)]
+class RandomPlan:
+    """Random mode's plan: case `i` follows from (seed, i) and the fault-free runs alone, so any
+    case (any shard's) is derived without the others. Half timer kills, aimed at a seeded share
+    (2-70 %) of the live span of the scenario's first worker as its fault-free run measured it;
+    half probe kills drawn from that run's trace."""
+
+    def __init__(self, config: CampaignConfig, baselines: dict[str, CaseResult]) -> None:
+        self.seed = config.seed
+        self.kill_modes = config.kill_modes
+        self.baselines = baselines
+        self.names = sorted(baselines)
+
+    @cached_property
+    def points(self) -> dict[str, list[tuple[int, int, str, int]]]:
+        return {name: sorted(set(b.trace)) for name, b in self.baselines.items()}
+
+    def case(self, index: int) -> Case:
+        scenario = self.names[index % len(self.names)]
+        rng = random.Random(f"hermes-chaos/{self.seed}/{index}")
         if rng.random() < 0.5:
-            delay = aimed_delay_ms(fractions[i], baselines[scenario].span_ms)
-            cases.append(Case(scenario, Fault("timer", 0, 0, delay_ms=delay)))
-        else:
-            t, p, name, n = rng.choice(sorted(set(baselines[scenario].trace)))
-            cases.append(Case(scenario, Fault("probe", t, p, probe=name, n=n, mode=rng.choice(config.kill_modes))))
-    return cases
+            aim = round(rng.uniform(*TIMER_AIM) * 10_000)
+            return Case(scenario, Fault("timer", 0, 0, aim=aim).aimed(self.baselines[scenario].span_ms))
+        t, p, name, n = rng.choice(self.points[scenario])
+        return Case(scenario, Fault("probe", t, p, probe=name, n=n, mode=rng.choice(self.kill_modes)))
+
+
+def random_cases(config: CampaignConfig, baselines: dict[str, CaseResult]) -> list[Case]:
+    """The `config.runs` cases of random mode, in order."""
+    plan = RandomPlan(config, baselines)
+    return [plan.case(i) for i in range(config.runs)]
 
 
 def in_shard(case: Case, shard: tuple[int, int]) -> bool:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -193,8 +194,22 @@ def write_private(path: Path, text: str) -> None:
     private_files.write_private(path, text, errors="backslashreplace")
 
 
-def write_json(path: Path, data: Any) -> None:
-    write_private(path, json.dumps(data, indent=2, ensure_ascii=False, default=str))
+def write_json(path: Path, data: Any, *, atomic: bool = False) -> None:
+    text = json.dumps(data, indent=2, ensure_ascii=False, default=str)
+    (write_private_atomic if atomic else write_private)(path, text)
+
+
+def write_private_atomic(path: Path, text: str) -> None:
+    """`write_private`, all or nothing: a reader (or a process killed meanwhile) finds the old
+    file or the new one, never half of it. The text goes to a private file beside it first."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        write_private(temporary, text)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def witness_rows(witness: Any) -> list[int]:

@@ -8,6 +8,7 @@ checker judges once the case is over.
 """
 from __future__ import annotations
 
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -201,6 +202,8 @@ class CaseRunner:
         flags = []
         if self.target.name != DEFAULT_TARGET:
             flags.append(f"--target {self.target.name}")
+        if self.config.target_args:
+            flags.append(shlex.join(self.config.target_args))
         if self.config.faults:
             flags.append(f"--faults {','.join(self.config.faults)}")
         return tuple(flags)
@@ -222,7 +225,7 @@ class CaseRunner:
                 *self.scenario.extra_args(command)]
         if self.target.name != DEFAULT_TARGET:
             args += ["--target", self.target.name]
-        return args
+        return args + list(self.config.target_args)
 
     def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None,
                busy_budget: float = WORKER_BUSY_BUDGET_S) -> WorkerProcess:
@@ -318,13 +321,13 @@ class CaseRunner:
             # connection that outlived that keeps reading a stale, unlinked copy of it.
             self.observer.close()
             what = fault.break_storage(self.db)
-            # Process index -1: no kill plan is ever aimed at this worker (see _fault_for), and
-            # its probe hits stay out of the traces further cases are derived from.
-            proc = self._spawn(command, turn_index, -1, None)
-            self.history.record("storage_fault", fault=fault.cause, phase="broken", what=what,
-                                incarnation=proc.incarnation,
-                                expect=f"session_persistence_failed:{fault.cause}")
-            try:
+            try:  # mended whatever happens, a worker that cannot start (the campaign stopping) too
+                # Process index -1: no kill plan is ever aimed at this worker (see _fault_for), and
+                # its probe hits stay out of the traces further cases are derived from.
+                proc = self._spawn(command, turn_index, -1, None)
+                self.history.record("storage_fault", fault=fault.cause, phase="broken", what=what,
+                                    incarnation=proc.incarnation,
+                                    expect=f"session_persistence_failed:{fault.cause}")
                 self._finish(proc, snapshot=False)  # a corrupt file cannot be snapshotted: after mending
             finally:
                 fault.mend(self.db)
@@ -406,7 +409,7 @@ class CaseRunner:
             restarts += self._run_turn(turn_index)
         events = self.history.events
         verdict = check_case(self.db, self.ledger, events, self.scenario.expectation(), planned=self.case.fault,
-                             promises=self.target.promises)
+                             promises=self.target.promises_for(self.config.target_args))
         self.observer.close()
         trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events
                  if e["type"] == "probe" and self._where[e["incarnation"]][1] >= 0]

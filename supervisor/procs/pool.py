@@ -178,6 +178,10 @@ class WorkerProcess:
         return self.exited.wait(timeout)
 
 
+class PoolStopped(Exception):
+    """The pool was stopped (the campaign is being interrupted): it starts no more workers."""
+
+
 MessageHandler = Callable[[WorkerProcess, dict[str, Any]], None]
 LogHandler = Callable[[WorkerProcess, bytes], None]
 
@@ -237,6 +241,7 @@ class Pool:
         self.env = dict(env or {})
         self._live: dict[int, WorkerProcess] = {}
         self._lock = threading.Lock()
+        self._stopped = False
         self._forkserver: ForkServer | None = None
         if forkserver:
             if not become_subreaper():
@@ -264,6 +269,8 @@ class Pool:
     def spawn(self, args: list[str], *, incarnation: int, on_message: MessageHandler,
               on_log: LogHandler | None = None, on_exit: Callable[[WorkerProcess], None] | None = None,
               label: str | None = None) -> WorkerProcess:
+        if self._stopped:
+            raise PoolStopped("the pool is stopped: no more workers")
         ours, theirs = socket.socketpair()
         try:
             with starting_child():
@@ -284,6 +291,7 @@ class Pool:
         proc = WorkerProcess(incarnation, Channel(ours), pid, create_time, label=label)
         with self._lock:
             self._live[proc.pid] = proc
+            stopped = self._stopped  # a stop that came while this one started: it dies below
 
         def read_channel() -> None:
             try:
@@ -316,6 +324,9 @@ class Pool:
         for thread in readers:
             thread.start()
         threading.Thread(target=reap, daemon=True, name=f"reap-{proc.pid}").start()
+        if stopped:
+            proc.kill("stop")
+            raise PoolStopped("the pool was stopped while this worker started; it was killed")
         return proc
 
     @property
@@ -326,6 +337,21 @@ class Pool:
     def live(self) -> list[WorkerProcess]:
         with self._lock:
             return list(self._live.values())
+
+    def stop(self, by: str = "stop") -> int:
+        """Start no more workers (`spawn` raises PoolStopped) and SIGKILL every live one by its
+        recorded pid, without waiting: their reapers reap them. Returns how many were signalled."""
+        with self._lock:
+            self._stopped = True
+            live = list(self._live.values())
+        return sum(proc.kill(by) for proc in live)
+
+    def kill_now(self, by: str = "exit") -> None:
+        """SIGKILL every live worker by its recorded pid, taking no lock and waiting for nothing:
+        for a process about to exit at once (a signal handler may run while a lock is held)."""
+        self._stopped = True
+        for proc in list(self._live.values()):
+            proc.kill(by)
 
     def kill_all(self, by: str = "shutdown", timeout: float = 10.0) -> None:
         """SIGKILL every live worker by its recorded pid and wait for each reaper."""

@@ -43,11 +43,16 @@ Probes. Of our kill points (hermes.probes.POINTS):
 `UNREACHABLE_POINTS` lists what LangGraph cannot reach (`hermes-supervisor chaos
 --list-points --target langgraph` shows it).
 
-Resume is what LangGraph documents: when the thread's latest checkpoint has pending
-``next`` nodes, ``graph.stream(None, config)`` on the same thread runs them; a task whose
-writes were saved on that checkpoint is not run again (its writes are replayed), any other
-is. A turn whose user message never became durable (under ``exit``, nothing of a killed run
-is) is not in the thread at all: ``run`` sends the message again as a new input.
+Resume is what LangGraph documents: when the thread's latest checkpoint has a step still
+open (tasks, pending ``next`` nodes among them), ``graph.stream(None, config)`` on the same
+thread finishes it; a task whose writes were saved on that checkpoint is not run again (its
+writes are replayed), any other is. A turn whose user message never became durable (under
+``exit``, nothing of a killed run is) is not in the thread at all: ``run`` sends the message
+again as a new input.
+
+Options of our runtime that LangGraph has no counterpart for are not applied here:
+``--synchronous`` and ``--busy-budget`` (the saver's connection keeps SQLite's defaults, as
+`SqliteSaver.from_conn_string` does), ``--compact-above`` and ``--max-model-calls``.
 """
 from __future__ import annotations
 
@@ -67,7 +72,7 @@ log = logging.getLogger("worker.targets.langgraph")
 TARGET = "langgraph"
 DURABILITY_MODES = ("exit", "async", "sync")
 DEFAULT_DURABILITY = "sync"
-MODULES = ("langgraph", "langgraph.checkpoint.sqlite", "langchain_core")
+MODULES = ("langgraph", "langgraph.checkpoint.sqlite")  # langchain-core comes with langgraph
 TURN_KEY = "hermes_turn_id"  # HumanMessage.additional_kwargs key holding the runner's turn id
 INSTALL_HINT = ("the langgraph target needs LangGraph: pip install 'hermes-supervisor[langgraph]' "
                 "(installs langgraph, langgraph-checkpoint-sqlite and langchain-core)")
@@ -183,7 +188,6 @@ class LangGraphTarget:
                                        system_prompt=args.system_prompt).wire(self._context)
         self.graph = build_graph(self.model, toolsets_of(args), self.saver, self._context)
         self.config = {"configurable": {"thread_id": args.session}}
-        self.answer: str | None = None
 
     def _context(self) -> dict[str, Any]:
         return {"session": self.args.session, "turn": self.turn_id}
@@ -200,12 +204,21 @@ class LangGraphTarget:
         return _messages_in(start)
 
     def _turns(self) -> list[TurnView]:
+        """The thread's turns as LangGraph's live state shows them: the latest checkpoint with the
+        saved writes of its finished tasks applied, plus a saved input not applied yet."""
         state = self._state()
-        return turns_of([*state.values.get("messages", []), *(self._pending_input() if state.next else [])])
+        pending = self._pending_input() if "__start__" in state.next else []
+        return turns_of([*state.values.get("messages", []), *pending])
 
     def _unfinished(self, state: Any) -> bool:
-        """Has the thread's latest checkpoint nodes still to run (and no task that failed)?"""
-        return bool(state.next) and not any(getattr(t, "error", None) for t in state.tasks)
+        """Is the latest checkpoint's step still open (and none of its tasks failed)?
+
+        Not `state.next`: LangGraph's live state leaves out of ``next`` a task whose writes are
+        saved, so a step whose every task finished but whose checkpoint was never saved shows
+        ``next == ()`` while its tasks are still there to replay (a resume applies their writes
+        and goes on). A finished run's last checkpoint has no task.
+        """
+        return bool(state.tasks) and not any(getattr(t, "error", None) for t in state.tasks)
 
     # ------------------------------------------------------------------ running
     def _show(self, message: Any) -> None:
@@ -218,8 +231,7 @@ class LangGraphTarget:
                 probes.fire("callback.interim.before", **ctx)
                 self.project("interim", turn=self.turn_id, text=text)
                 probes.fire("callback.interim.after", **ctx)
-            elif not message.tool_calls and text.strip():
-                self.answer = text
+            elif not message.tool_calls and text.strip():  # the answer: LangGraph has its step's save ahead
                 probes.fire("finalize.before", **ctx)
         elif message.type == "tool":
             ids = dict(ctx, tool_call_id=message.tool_call_id)
@@ -268,7 +280,7 @@ class LangGraphTarget:
         turn_id = turns[-1].id if turns else "turn-0"
         self.turn_id = turn_id
         probes.fire("resume.reconciled", session=self.args.session, turn=turn_id, action="continue",
-                    next=list(state.next))
+                    next=list(state.next), replayed=[t.name for t in state.tasks if t.name not in state.next])
         return self._run_graph(None, turn_id)
 
     def run(self) -> dict[str, Any]:
@@ -300,6 +312,13 @@ class LangGraphTarget:
             pass
 
 
+def _storage_failure(args: Any, exc: sqlite3.Error) -> dict[str, Any]:
+    reason, error = _failure(exc, Path(args.db))
+    return {"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
+            "final_response": None, "turn_exit_reason": PERSISTENCE_FAILED, "failure_reason": reason,
+            "error": error, "target": TARGET}
+
+
 def execute(args: Any, link: Any, report: Report) -> int:
     """Run or resume one turn with LangGraph, then report its outcome."""
     ledger = open_ledger(args, link)
@@ -308,12 +327,11 @@ def execute(args: Any, link: Any, report: Report) -> int:
             target = LangGraphTarget(args, lambda kind, turn=None, **fields: show(link, args.session, turn, kind,
                                                                                     **fields))
         except sqlite3.Error as exc:  # storage that fails at open: the named persistence failure
-            reason, error = _failure(exc, Path(args.db))
-            return report({"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
-                           "final_response": None, "turn_exit_reason": PERSISTENCE_FAILED,
-                           "failure_reason": reason, "error": error, "target": TARGET})
+            return report(_storage_failure(args, exc))
         try:
             out = target.resume() if args.command == "resume" else target.run()
+        except sqlite3.Error as exc:  # reading the thread's state failed (the graph run reports its own)
+            out = _storage_failure(args, exc)
         finally:
             target.close()
     finally:

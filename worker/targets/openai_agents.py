@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hermes import persistence_failure, probes
+from hermes.transcript import is_blank
 from worker.targets import Report, open_ledger, show, toolsets_of
 
 log = logging.getLogger("worker.targets.openai_agents")
@@ -71,9 +72,10 @@ UNREACHABLE_POINTS: dict[str, str] = {
     "flush.in_txn": ("SQLiteSession.add_items opens and commits its write transaction inside private helpers "
                      "(_write_connection, _insert_items, in a helper thread); the public add_items lets a "
                      "subclass act only before or after the whole transaction"),
-    "compact.in_txn": ("a SQLiteSession is never compacted here: the SDK compacts only through "
-                       "OpenAIResponsesCompactionSession (the Responses API, which the scripted model does not "
-                       "speak); --compact-above has no SDK counterpart, so multi-turn-compaction runs uncompacted"),
+    "compact.in_txn": ("a SQLiteSession is never compacted here: the SDK compacts a session only when it is "
+                       "wrapped in OpenAIResponsesCompactionSession, which asks the Responses API's compaction "
+                       "endpoint (the scripted model speaks chat completions only); --compact-above has no SDK "
+                       "counterpart, so multi-turn-compaction runs its turns uncompacted"),
 }
 MAX_TURNS = 30  # model calls per run, as upstream hermes-agent's max_iterations
 
@@ -110,8 +112,8 @@ def message_text(item: dict[str, Any]) -> str:
 def last_turn(items: list[Any]) -> tuple[int, bool, str | None]:
     """(index of the last user item's turn, whether it has a final answer, that answer's text).
 
-    A final answer is an assistant message not followed by a `function_call` before the next
-    message (the SDK stores a reply's text and its calls as consecutive items).
+    A final answer is an assistant message with text, not followed by a `function_call` (the SDK
+    stores a reply's text and its calls as consecutive items).
     """
     index, answer = -1, None
     for i, item in enumerate(items):
@@ -119,8 +121,9 @@ def last_turn(items: list[Any]) -> tuple[int, bool, str | None]:
             index, answer = index + 1, None
         elif is_assistant_message(item):
             following = items[i + 1] if i + 1 < len(items) else None
-            if not (isinstance(following, dict) and following.get("type") == "function_call"):
-                answer = message_text(item)
+            text = message_text(item)
+            if not is_blank(text) and not (isinstance(following, dict) and following.get("type") == "function_call"):
+                answer = text
     return index, answer is not None, answer
 
 

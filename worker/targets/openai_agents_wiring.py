@@ -112,20 +112,27 @@ def _invoker(name: str, session: str, turn: Callable[[], str | None]) -> Callabl
         call_id = getattr(ctx, "tool_call_id", None)
         where = {"session": session, "turn": turn(), "tool_call_id": call_id, "tool": name}
         probes.fire("tool.dispatch.before", **where)
-        try:
-            arguments = json.loads(raw_arguments) if raw_arguments and raw_arguments.strip() else {}
-        except ValueError as exc:
-            arguments = None
-            result = json.dumps({"error": f"tool {name!r}: arguments are not JSON: {exc}"}, ensure_ascii=False)
-        if isinstance(arguments, dict):
+        arguments, problem = _arguments(raw_arguments)
+        if problem is not None:
+            result = json.dumps({"error": f"tool {name!r}: {problem}"}, ensure_ascii=False)
+        else:
             result = handle_function_call(name, arguments, session, tool_call_id=call_id, idempotency_key=None,
                                           session_id=session, turn_id=turn())
-        elif arguments is not None:
-            result = json.dumps({"error": f"tool {name!r}: arguments must be a JSON object"}, ensure_ascii=False)
         probes.fire("tool.dispatch.after", **where)
         return result
 
     return invoke
+
+
+def _arguments(raw: str) -> tuple[dict[str, Any], str | None]:
+    """The call's arguments decoded, or why they cannot be (the tool then does not run)."""
+    try:
+        arguments = json.loads(raw) if raw and raw.strip() else {}
+    except ValueError as exc:
+        return {}, f"arguments are not JSON: {exc}"
+    if not isinstance(arguments, dict):
+        return {}, "arguments must be a JSON object"
+    return arguments, None
 
 
 def output_text(item: Any) -> str:

@@ -54,8 +54,9 @@ def durable_before_visible(events: Sequence[dict[str, Any]], promises: Promises 
 def durable_before_effect(events: Sequence[dict[str, Any]], promises: Promises = FULL_PROMISES) -> Verdict:
     """No tool effect began before both the assistant row requesting it was active in
     state.db (`request_durable`, same session and turn) and its dispatch intent row existed
-    (`intent_durable`). A missing intent is a CONTRACT violation for a target that does
-    not promise dispatch intents; a missing request is always DAMAGE.
+    (`intent_durable`). Each missing piece is a CONTRACT violation for a target that does not
+    promise it (dispatch intents; requests saved before their tools run), else DAMAGE. What
+    such a target loses when it is killed shows up as DAMAGE elsewhere (a repeated effect).
     """
     effects = of_type(events, "effect")
     violations = []
@@ -64,7 +65,8 @@ def durable_before_effect(events: Sequence[dict[str, Any]], promises: Promises =
         flags = (e.get("request_durable"), e.get("intent_durable"))
         missing = [n for n, f in zip(("request", "dispatch intent"), flags) if f is False]
         if missing:
-            kind = CONTRACT if missing == ["dispatch intent"] and not promises.dispatch_intents else DAMAGE
+            promised = {"request": promises.durable_requests, "dispatch intent": promises.dispatch_intents}
+            kind = DAMAGE if any(promised[m] for m in missing) else CONTRACT
             violations.append(Violation(
                 DURABLE_BEFORE_EFFECT,
                 f"{e.get('tool')} ran for call {e.get('tool_call_id')} before its {' and '.join(missing)} "

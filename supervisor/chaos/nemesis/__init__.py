@@ -5,7 +5,10 @@ the `process`-th process (0-based) started for turn `turn` of the scenario. Kind
 
     probe   SIGKILL at the n-th hit of a probe; mode `self` (the worker kills itself)
             or `external` (the worker reports and waits; the supervisor kills it by pid)
-    timer   SIGKILL from the supervisor `delay_ms` after the process started
+    timer   SIGKILL from the supervisor `delay_ms` after the process started; a timer of a
+            random plan is aimed (`aim`, in basis points) at a share of the live span that the
+            scenario's fault-free run measured, and its label names the share, not the
+            milliseconds, so that the plan is the same in every process that derives it
     pause   SIGSTOP at a probe, let a fresh worker take the session over, then SIGCONT:
             the old worker must fail its next write on the fencing epoch
 
@@ -28,8 +31,7 @@ On top of its kill plan, every case of a campaign may meet the faults named by
 """
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from supervisor.chaos.nemesis.model import MODEL_FAULTS
 from supervisor.chaos.nemesis.storage import STORAGE_FAULTS
@@ -51,6 +53,7 @@ class Fault:
     mode: str = "self"
     delay_ms: int = 0
     then: "Fault | None" = None
+    aim: int | None = None  # timer only: basis points of the measured live span (delay_ms: resolved)
 
     @property
     def point(self) -> str | None:
@@ -58,7 +61,9 @@ class Fault:
 
     def label(self) -> str:
         where = f"t{self.turn}p{self.process}"
-        if self.kind == "timer":
+        if self.kind == "timer" and self.aim is not None:
+            text = f"timer@{self.aim / 100:.2f}%@{where}"
+        elif self.kind == "timer":
             text = f"timer@{self.delay_ms}ms@{where}"
         else:
             text = f"{self.kind}:{self.mode}@{self.probe}:{self.n}@{where}"
@@ -72,6 +77,11 @@ class Fault:
             head, point_or_delay, where = first.split("@")
             turn_text, process_text = where[1:].split("p")
             turn, process = int(turn_text), int(process_text)
+            if head == "timer" and point_or_delay.endswith("%"):
+                aim = round(float(point_or_delay[:-1]) * 100)
+                if not 0 < aim <= 10_000:
+                    raise ValueError(point_or_delay)
+                return cls("timer", turn, process, then=then, aim=aim)
             if head == "timer":
                 return cls("timer", turn, process, delay_ms=int(point_or_delay.removesuffix("ms")), then=then)
             kind, mode = head.split(":")
@@ -81,6 +91,23 @@ class Fault:
             return cls(kind, turn, process, probe=probe, n=int(n), mode=mode, then=then)
         except ValueError:
             raise ValueError(f"{label!r} is not a fault label (e.g. probe:self@flush.committed:2@t0p0)") from None
+
+    @property
+    def unaimed(self) -> bool:
+        """An aimed timer whose delay is not known yet: it needs its scenario's measured live span."""
+        return self.kind == "timer" and self.aim is not None and self.delay_ms <= 0
+
+    def aimed(self, span_ms: int) -> "Fault":
+        """This fault with an aimed timer's delay worked out from a live span (anything else: itself)."""
+        if self.kind != "timer" or self.aim is None:
+            return self
+        return replace(self, delay_ms=aimed_delay_ms(self.aim / 10_000, span_ms))
+
+    def exact(self) -> "Fault":
+        """What ran, to the millisecond: an aimed timer whose delay is known, labelled by its delay."""
+        if self.kind == "timer" and self.aim is not None and self.delay_ms > 0:
+            return replace(self, aim=None)
+        return self
 
     def worker_args(self) -> list[str]:
         """Arguments for the targeted worker (timer faults need none: the supervisor fires them)."""
@@ -93,12 +120,6 @@ class Fault:
 # Timer kills aim at this share of a worker's measured live span: late enough to land past
 # its start, early enough that a run a little faster than the measured one is still alive.
 TIMER_AIM = (0.02, 0.7)
-
-
-def timer_fractions(seed: int, count: int) -> list[float]:
-    """Seeded fractions of a live span, so a random campaign's plan follows from its seed."""
-    rng = random.Random(seed)
-    return [rng.uniform(*TIMER_AIM) for _ in range(count)]
 
 
 def aimed_delay_ms(fraction: float, span_ms: int) -> int:

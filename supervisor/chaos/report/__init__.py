@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermes.private_files import make_private_dirs
-from supervisor.chaos.history import write_json, write_private
+from supervisor.chaos.history import write_json, write_private_atomic
 from supervisor.chaos.report.html import write_html
 from supervisor.chaos.report.text import junit, markdown, table
 
@@ -22,8 +22,10 @@ __all__ = ["junit", "markdown", "table", "write_html", "write_reports"]
 
 
 def write_reports(directory: Path, summary: dict[str, Any], results: list[CaseResult]) -> None:
+    """Each file all or nothing, report.json last: a report.json that is not a running campaign's
+    (see supervisor.chaos.live) comes with the other files of the same run."""
     make_private_dirs(directory)
-    write_json(directory / "report.json", dict(summary, results=[r.to_json() for r in results]))
-    write_private(directory / "junit.xml", junit(results))
-    write_private(directory / "report.md", markdown(summary))
+    write_private_atomic(directory / "junit.xml", junit(results))
+    write_private_atomic(directory / "report.md", markdown(summary))
     write_html(directory, summary, results)
+    write_json(directory / "report.json", dict(summary, results=[r.to_json() for r in results]), atomic=True)

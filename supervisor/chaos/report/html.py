@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING, Any, Iterable
 from urllib.parse import quote
 
 from supervisor.chaos.generator import case_file_stem
-from supervisor.chaos.history import witness_rows, write_private
+from supervisor.chaos.history import witness_rows, write_private, write_private_atomic
 from supervisor.chaos.nemesis import Fault
+from supervisor.chaos.report.text import partial_note, shard_text, verdict_word
 
 if TYPE_CHECKING:
     from supervisor.chaos.runner import CaseResult
@@ -255,7 +256,7 @@ def render(summary: dict[str, Any], results: list[dict[str, Any]], cases: dict[s
                       listed.get(r["case"]) or [[name, -1] for name in invariants], stem in has_history])
     failing = sum(1 for row in index if row[4] != "pass")
     data = {"cases": index, "page_size": PAGE_SIZE, "inline": cases is not None, "no_probe": NO_PROBE}
-    verdict = "PASS" if summary.get("ok") else "FAIL"
+    verdict = verdict_word(summary)
     by_class = summary.get("violations_by_class") or {}
     facts = [("cases", summary.get("cases", len(results))), ("kills landed", summary.get("kills")),
              ("no-kill cases", summary.get("no_kill", 0)),
@@ -264,6 +265,12 @@ def render(summary: dict[str, Any], results: list[dict[str, Any]], cases: dict[s
              ("not judged", len(summary.get("unknown", []))), ("failing cases", failing)]
     if summary.get("unreached"):
         facts.append(("unreached points", ", ".join(summary["unreached"])))
+    campaign = summary.get("campaign")
+    if campaign:
+        facts.append(("campaign", f"{campaign.get('id')} ({shard_text(campaign)})"))
+    note = partial_note(summary)
+    if note:
+        facts.append(("complete", f"no: {note}"))
     if summary.get("wall_seconds") is not None:
         facts.append(("wall", f"{summary['wall_seconds']} s"))
     if summary.get("cycles_per_second") is not None:
@@ -349,5 +356,5 @@ def _write(directory: Path, summary: dict[str, Any], results: list[dict[str, Any
                 inline[stem] = case
         entries.append(r)
     page = directory / "report.html"
-    write_private(page, render(summary, entries, inline, has_history))
+    write_private_atomic(page, render(summary, entries, inline, has_history))
     return page

@@ -7,6 +7,8 @@ from xml.sax.saxutils import escape, quoteattr
 if TYPE_CHECKING:
     from supervisor.chaos.runner import CaseResult
 
+NOT_RUN_LISTED = 200  # planned cases that did not run, listed by id in report.md
+
 
 def table(summary: dict[str, Any]) -> str:
     """Kill point x cases x violations, then the totals and every violation's repro."""
@@ -20,6 +22,9 @@ def table(summary: dict[str, Any]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     lines.append(_totals(summary))
+    note = partial_note(summary)
+    if note:
+        lines.append(note)
     for v in summary["violations"]:
         lines.append(f"  {v['invariant']} ({v['class']}): {v['case']}: {v['message']}\n    repro: {v['repro']}")
     for u in summary["unknown"]:
@@ -27,11 +32,34 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def verdict_word(summary: dict[str, Any]) -> str:
+    """PASS; FAIL (a violation, a case not judged, a kill point not reached); or PARTIAL: the
+    campaign was stopped before every planned case ran, and what ran has no violation."""
+    if summary.get("ok"):
+        return "PASS"
+    if summary.get("complete") is False and not summary.get("violations"):
+        return "PARTIAL"
+    return "FAIL"
+
+
+def partial_note(summary: dict[str, Any]) -> str | None:
+    """One line saying that (and how) a report is partial, or None for a complete one."""
+    if summary.get("complete") is not False:
+        return None
+    missing = summary.get("not_run") or []
+    why = summary.get("interrupted")
+    campaign = summary.get("campaign") or {}
+    plan = "" if campaign.get("planned") is not None or campaign.get("shards") else \
+        " (stopped before the plan was derived, so the cases after the fault-free runs are unknown)"
+    return (f"PARTIAL report: {summary['cases']} case(s) ran, {len(missing)} planned case(s) did not"
+            f"{f' (stopped by {why})' if why else ''}{plan}")
+
+
 def _totals(summary: dict[str, Any]) -> str:
     by_class = summary["violations_by_class"]
     return (f"cases {summary['cases']}, kills landed {summary['kills']}, no-kill cases {summary['no_kill']}, "
             f"violations {len(summary['violations'])} (damage {by_class['damage']}, contract {by_class['contract']}), "
-            f"not judged {len(summary['unknown'])}, verdict {'PASS' if summary['ok'] else 'FAIL'}")
+            f"not judged {len(summary['unknown'])}, verdict {verdict_word(summary)}")
 
 
 def junit(results: list[CaseResult]) -> str:
@@ -54,8 +82,14 @@ def junit(results: list[CaseResult]) -> str:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    lines = ["# Chaos campaign", "", f"Verdict: **{'PASS' if summary['ok'] else 'FAIL'}**: {_totals(summary)}.", "",
-             "| kill point | hit | cases | violations |", "| --- | --- | --- | --- |"]
+    lines = ["# Chaos campaign", "", f"Verdict: **{verdict_word(summary)}**: {_totals(summary)}.", ""]
+    campaign = summary.get("campaign")
+    if campaign:
+        lines += [f"Campaign `{campaign.get('id')}`, {shard_text(campaign)}, plan `{campaign.get('plan_hash')}`.", ""]
+    note = partial_note(summary)
+    if note:
+        lines += [f"**{note}.**", ""]
+    lines += ["| kill point | hit | cases | violations |", "| --- | --- | --- | --- |"]
     for name, e in summary["points"].items():
         lines.append(f"| `{name}` | {'yes' if e['hit'] else ('-' if not e['cases'] else 'NO')} | {e['cases']} | "
                      f"{e['violations']} |")
@@ -69,5 +103,19 @@ def markdown(summary: dict[str, Any]) -> str:
         for u in summary["unknown"]:
             lines.append(f"- `{u['case']}` ({', '.join(u['reasons']) or 'unknown'}): {u['message']}  \n"
                          f"  repro: `{u['repro']}`")
+    missing = summary.get("not_run") or []
+    if missing:
+        lines += ["", "## Planned, not run", ""]
+        lines += [f"- `{case_id}`" for case_id in missing[:NOT_RUN_LISTED]]
+        if len(missing) > NOT_RUN_LISTED:
+            lines.append(f"- ... and {len(missing) - NOT_RUN_LISTED} more (report.json lists every one)")
     return "\n".join(lines) + "\n"
+
+
+def shard_text(campaign: dict[str, Any]) -> str:
+    shards = campaign.get("shards")
+    if shards:
+        return f"merged from {len(shards)} shard(s)"
+    shard = campaign.get("shard") or [1, 1]
+    return f"shard {shard[0]}/{shard[1]}"
 

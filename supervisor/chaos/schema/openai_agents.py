@@ -16,8 +16,9 @@ Items become rows shaped like `SessionDB.get_messages` rows:
   arguments}}`) of one assistant row. The SDK stores a reply's text and its calls as
   consecutive items of one model response; they are folded into ONE assistant row (text and
   tool calls), as the SDK itself folds them when it sends the history to a chat-completions
-  model. A call joins the row before it when that row is the item just before it and both
-  carry the same response id (or either carries none). The row's id is its first item's;
+  model. A call joins the conversation row just before it when that is an assistant row and both
+  carry the same response id (or either carries none); items of other types in between are
+  not conversation rows and do not separate them. The row's id is its first item's;
 - a `function_call_output` item: a tool row answering its `call_id`, named after that call's
   tool when the store holds the call;
 - any other item type (reasoning, hosted tools) is not a conversation row here and is skipped.
@@ -112,6 +113,8 @@ def rows_of(stored: list[tuple[int, Any, Any]], session: str) -> list[dict[str, 
             folding["tool_calls"] = [*(folding["tool_calls"] or []), call]
             folding_response = response if response is not None else folding_response
             continue
+        if kind not in ("function_call_output", "message"):
+            continue  # not a conversation row (reasoning, hosted tools): invisible, it folds nothing
         folding, folding_response = None, None
         if kind == "function_call_output":
             output = item.get("output")

@@ -1,0 +1,176 @@
+"""`pytest --hermes-chaos "ARGS"`: a chaos campaign as pytest items, for a CI that speaks pytest.
+
+ARGS are `hermes-supervisor chaos` options (--mode exhaustive|random|pause, --scenario, --probe,
+--seed, --runs, --kill-mode, --faults, --limit, --case, --shard, --target, --campaign-id). Each
+case of the plan (the scenarios' fault-free runs first) becomes one item, named by its case id,
+so pytest-xdist spreads the cases over its workers (`-n 4`), `--junitxml` is pytest's own, `-k`
+picks cases, and a case that violates an invariant (or is not judged: never a pass) fails with
+its violations and its repro line. With --hermes-chaos the session is the campaign: items
+collected otherwise are deselected.
+
+Every process that collects (each xdist worker) runs the fault-free runs once, derives the plan
+from them (the same plan in each: supervisor.chaos.plan) and runs the cases of its items on a
+campaign of its own (one scripted model server, one worker pool), closed when the session ends.
+`--mode double` is refused: its second kills are derived from runs of its first.
+
+The package registers this module as a pytest plugin (the `pytest11` entry point in
+pyproject.toml); without the installed entry point, `pytest -p supervisor.chaos.pytest_plugin`
+loads it. Loaded, it imports nothing of the harness until --hermes-chaos is given.
+"""
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from supervisor.chaos.campaign import Campaign
+    from supervisor.chaos.generator import Case
+    from supervisor.chaos.runner import CaseResult
+
+ROOT_NAME = "hermes-chaos"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hermes-chaos", "hermes-supervisor chaos campaign as pytest items")
+    group.addoption("--hermes-chaos", dest="hermes_chaos", default=None, metavar="ARGS",
+                    help='run a chaos campaign, one item per case: ARGS are `hermes-supervisor chaos` options, '
+                         'e.g. "--mode random --seed 7 --runs 200"')
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    text = config.getoption("hermes_chaos", default=None)
+    if text is not None:
+        config.pluginmanager.register(ChaosSession(text), "hermes-chaos-session")
+
+
+def campaign_config(text: str) -> tuple[Any, str | None]:
+    """The CampaignConfig of ARGS (and its --campaign-id), checked as `hermes-supervisor chaos` checks it."""
+    from supervisor import cli
+    from supervisor.chaos.campaign import CampaignConfig
+    from supervisor.chaos.scenarios import SCENARIOS
+
+    try:
+        args = cli.build_parser().parse_args(["chaos", *shlex.split(text)])
+        if args.mode == "double":
+            raise cli.UsageError("--mode double derives its second kills from runs of its first: "
+                                 "run it with hermes-supervisor chaos")
+        modes = cli._durability_modes(args) if hasattr(cli, "_durability_modes") else (None,)
+        if len(modes) > 1:
+            raise cli.UsageError("--durability all runs several campaigns: give one mode")
+        kill_modes = ("self", "external") if args.kill_mode == "both" else (args.kill_mode,)
+        config = CampaignConfig(scenarios=args.scenario or sorted(SCENARIOS), mode=args.mode, seed=args.seed,
+                                runs=args.runs, jobs=1, shard=args.shard, kill_modes=kill_modes,
+                                limit=args.limit, case_ids=tuple(args.case or ()), probes=tuple(args.probe or ()),
+                                forkserver=not args.no_forkserver, faults=args.faults, target=args.target)
+        if modes[0] is not None:
+            config.target_args = ("--durability", modes[0])
+        cli._check_runnable(config, None)
+    except cli.UsageError as exc:
+        raise pytest.UsageError(f"--hermes-chaos: {exc}") from None
+    return config, args.campaign_id
+
+
+class CaseFailed(Exception):
+    def __init__(self, result: CaseResult) -> None:
+        verdict = result.verdict
+        if verdict.valid is False:
+            lines = [f"{result.case.case_id}: VIOLATION"]
+            lines += [f"  {v.invariant} ({v.kind}): {v.message}" for v in verdict.violations]
+        else:
+            lines = [f"{result.case.case_id}: not judged ({', '.join(verdict.reasons) or 'unknown'}): "
+                     f"{verdict.message}"]
+        lines.append(f"repro: {result.repro()}")
+        super().__init__("\n".join(lines))
+
+
+class ChaosSession:
+    """The campaign of this pytest process: planned at collection, its cases run by the items."""
+
+    def __init__(self, text: str) -> None:
+        self.config, self.campaign_id = campaign_config(text)
+        self.campaign: Campaign | None = None
+        self.done: dict[str, CaseResult] = {}  # the fault-free runs, run at collection
+
+    @pytest.hookimpl(tryfirst=True)  # before -k and -m select among the items
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        cases = self._plan()
+        if items:
+            config.hook.pytest_deselected(items=list(items))
+        root = CampaignNode.from_parent(session, name=ROOT_NAME, nodeid=ROOT_NAME)
+        seen: dict[str, int] = {}
+        chaos_items = []
+        for case in cases:
+            seen[case.case_id] = seen.get(case.case_id, 0) + 1
+            name = case.case_id if seen[case.case_id] == 1 else f"{case.case_id}#{seen[case.case_id]}"
+            chaos_items.append(CaseItem.from_parent(root, name=name, case=case, chaos=self))
+        items[:] = chaos_items
+
+    def _plan(self) -> list[Case]:
+        from supervisor.chaos.campaign import Campaign
+        from supervisor.chaos.generator import Case
+        from supervisor.chaos.plan import Plan
+
+        config = self.config
+        self.campaign = campaign = Campaign(config, campaign_id=self.campaign_id)
+        campaign.open()
+        if config.case_ids:
+            given = [Case.parse(c) for c in config.case_ids]
+            scenarios = sorted({c.scenario for c in given if c.fault is not None and c.fault.unaimed})
+        else:
+            scenarios = list(config.scenarios)
+        baselines = campaign.run_baselines(scenarios)
+        self.done = {r.case.case_id: r for r in baselines}
+        plan = Plan.start(config, self.campaign_id, [Case(s).case_id for s in scenarios])
+        if config.case_ids:
+            planned = plan.given(config, given)
+        elif len(baselines) == len(scenarios):
+            planned = plan.derive(config, campaign.full_plan())
+        else:
+            planned = []
+        campaign.plan = plan
+        return [Case(s) for s in scenarios] + planned
+
+    def result_of(self, case: Case) -> CaseResult | None:
+        if case.fault is None and case.case_id in self.done:
+            return self.done[case.case_id]
+        assert self.campaign is not None
+        return self.campaign.run_case(case)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.campaign is not None:
+            self.campaign.close()
+            self.campaign = None
+
+
+class CampaignNode(pytest.Collector):
+    """The items' parent, so that their ids read `hermes-chaos::<case id>`."""
+
+    def collect(self) -> list[Any]:
+        return []
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, case: Case, chaos: ChaosSession, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case = case
+        self.chaos = chaos
+
+    def runtest(self) -> None:
+        result = self.chaos.result_of(self.case)
+        if result is None:
+            pytest.skip("the campaign was stopped before this case finished")
+        self.user_properties.append(("repro", result.repro()))
+        self.user_properties.append(("kills", result.kills))
+        if result.verdict.valid is not True:
+            raise CaseFailed(result)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, CaseFailed):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo, style=style))
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{ROOT_NAME} {self.case.case_id}"
