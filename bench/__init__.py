@@ -27,6 +27,10 @@ load hit both sides alike.
     daemon       turns per second and p50/p99 latency through `hermes-supervisor serve`.
     memory       supervisor RSS at 10%, 50%, 100% of a random campaign; worker RSS.
 
+The full bench also draws two SVG charts into docs/figures (`bench.charts`, matplotlib from the
+`bench` extra): flush cost against transcript length, ours and upstream's, and every recovery
+sample of both pool kinds.
+
 One module per benchmark; `bench.table` holds the figures and prints them, `bench.cli`
 parses the arguments and runs the sections. Nothing under supervisor/ imports this package.
 """

@@ -1,20 +1,35 @@
-"""campaign: exhaustive chaos cases per second, against no-op worker cycles through the same pool."""
+"""campaign: exhaustive chaos cases per second, against no-op worker cycles through the same pool.
+
+Also: the pool's floor (no-op worker cycles per second) against bare fork()s of this process,
+where a campaign's CPU goes per case (template, workers, supervisor, checker), and upstream
+hermes-agent's exhaustive campaign against ours on the same scenarios.
+"""
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import supervisor.chaos.runner as runner_module
 from bench.recovery import worker_args
 from bench.table import Figure, Report, median
 from hermes.state import SessionDB
 from supervisor.chaos.campaign import Campaign, CampaignConfig
 from supervisor.chaos.scenarios import SESSION
 from supervisor.procs.pool import Pool
+from supervisor.targets import TARGETS
+
+FLOOR_TARGET = 250.0    # no-op worker cycles/s, jobs=2
+CYCLES_TARGET = 60.0    # single-tool campaign cycles/s once warm
+FLOOR_SHARE = 0.5       # ... and at least this share of the floor
+UPSTREAM_WALL_S = 60.0  # upstream's exhaustive single-tool + writes campaign, whole
+UPSTREAM_SCENARIOS = ["single-tool", "writes"]
 
 
 def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: bool = True) -> tuple[float, float]:
@@ -67,19 +82,94 @@ def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: boo
     return (cycles // jobs) * jobs / wall, median(lifetimes) * 1000
 
 
+def measure_fork_cycles(jobs: int, cycles: int) -> float:
+    """Bare fork() + _exit(0) + waitpid() cycles per second of this process, `jobs` threads at a
+    time: what a worker's cycle cannot beat."""
+    def loop(n: int) -> None:
+        for _ in range(n):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+
+    threads = [threading.Thread(target=loop, args=(cycles // jobs,)) for _ in range(jobs)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return (cycles // jobs) * jobs / (time.monotonic() - started)
+
+
+@dataclass
+class CampaignRun:
+    results: list[Any]
+    wall: float                # Campaign.run() start to end
+    done: list[float]          # each verdict's time since the start
+    cpu: dict[str, float]      # ms of CPU per warm case: template, workers, supervisor, checker
+
+
 def run_campaign(config: Any, progress: Callable[[str], None] | None = None) -> tuple[list[Any], float, list[float]]:
     """Campaign.run() in-process; returns (results, wall seconds, completion times since start)."""
+    run = measure_campaign(config, progress)
+    return run.results, run.wall, run.done
+
+
+def _template_cpu(pid: int) -> float:
+    """The template's own CPU seconds and those of the processes it reaped (a double fork's middles)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_campaign(config: Any, progress: Callable[[str], None] | None = None) -> CampaignRun:
+    """Campaign.run() in-process, with where its CPU went between its first and its last verdict
+    (the template is warm by then): per case, the template (its own CPU, forks included), the
+    workers (every process this one reaped meanwhile: workers, and the `cp` of each snapshot
+    copy), the checker (the thread CPU of `check_case`) and the rest of the supervisor."""
     done: list[float] = []
+    marks: list[tuple[float, float, float, float]] = []
+    checker = [0.0]
+    lock = threading.Lock()
+    original = runner_module.check_case
+
+    def timed_check(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.thread_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            with lock:
+                checker[0] += time.thread_time() - t0
+
     started = time.monotonic()
+    campaign: Campaign | None = None
 
     def on_progress(line: str) -> None:
         if line.split(" ", 1)[0] in ("ok", "VIOLATION", "unknown"):
             done.append(time.monotonic() - started)
+            template = campaign.pool.template if campaign is not None else None
+            with lock:
+                marks.append((_cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN),
+                              _template_cpu(template.pid) if template is not None else 0.0, checker[0]))
         if progress is not None:
             progress(line)
 
-    results = Campaign(config, progress=on_progress).run()
-    return results, time.monotonic() - started, done
+    runner_module.check_case = timed_check
+    try:
+        campaign = Campaign(config, progress=on_progress)
+        results = campaign.run()
+    finally:
+        runner_module.check_case = original
+    wall = time.monotonic() - started
+    cpu: dict[str, float] = {}
+    if len(marks) > 1:
+        (s0, c0, t0, k0), (s1, c1, t1, k1) = marks[0], marks[-1]
+        n = len(marks) - 1
+        cpu = {"template": (t1 - t0) / n * 1000, "workers": (c1 - c0) / n * 1000,
+               "supervisor": (s1 - s0 - (k1 - k0)) / n * 1000, "checker": (k1 - k0) / n * 1000}
+    return CampaignRun(results, wall, done, cpu)
 
 
 def _cpu(who: int) -> float:
@@ -88,45 +178,104 @@ def _cpu(who: int) -> float:
 
 
 def bench_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: int, limit: int | None,
-                   noop_cycles: int) -> None:
-    """Exhaustive campaigns, one per scenario, each on a pool of its own.
+                   noop_cycles: int, upstream_limit: int | None = None) -> None:
+    """Exhaustive campaigns, one per scenario, each on a pool of its own; then upstream's.
 
     A cycle is kill -> restart -> resume -> check. The target figure is cycles per second once
     the pool's fork-server template is warm: the template starts once per campaign (an
     interpreter plus `import openai`), is not part of any cycle, and is reported on its own
-    line. single-tool runs both kill modes so the rate rests on about 50 cycles, not 25.
+    line. single-tool runs both kill modes so the rate rests on about 50 cycles, not 25. Its
+    reference, the pool's floor (no-op worker cycles, same pool kind and jobs), is a figure of
+    its own against bare fork()s of this process.
     """
-    reference, _ = measure_noop_cycles(jobs, noop_cycles, bench_dir)
+    reference, lifetime = measure_noop_cycles(jobs, noop_cycles, bench_dir)
+    forks = measure_fork_cycles(jobs, max(200, noop_cycles * 10))
+    report.add(Figure(f"pool floor: no-op worker cycles/s, jobs={jobs}", reference, "/s", forks,
+                      ratio=reference / forks, target=f">= {FLOOR_TARGET:.0f}/s", passed=reference >= FLOOR_TARGET,
+                      note=f"{noop_cycles} cycles of a forked `resume` with nothing to resume (median "
+                           f"{lifetime:.1f} ms spawn to reaped exit); reference: bare fork() + _exit + waitpid of "
+                           f"the bench process, jobs={jobs}"))
     for name in scenarios:
-        work = Path(tempfile.mkdtemp(prefix=f"campaign-{name}-", dir=bench_dir))
         kill_modes = ("self", "external") if name == "single-tool" else ("self",)
-        config = CampaignConfig(scenarios=[name], mode="exhaustive", jobs=jobs, workdir=work, keep=False,
-                                limit=limit, kill_modes=kill_modes)
-        s0, c0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
-        try:
-            results, wall, done = run_campaign(config)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        s1, c1 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
-        n = len(results)
+        run = _campaign(bench_dir, [name], jobs, limit, kill_modes)
+        n = len(run.results)
         # The first completion waits for the template's start; every later one is a warm cycle.
-        steady = (n - 1) / (wall - done[0]) if n > 1 and done and wall > done[0] else None
-        violations = sum(r.verdict.valid is False for r in results)
-        unknown = sum(r.verdict.valid not in (True, False) for r in results)
-        target = ">= 20/s" if name == "single-tool" else "(informative)"
-        passed = (steady is not None and steady >= 20.0) if name == "single-tool" else None
+        steady = (n - 1) / (run.wall - run.done[0]) if n > 1 and run.done and run.wall > run.done[0] else None
+        violations = sum(r.verdict.valid is False for r in run.results)
+        unknown = sum(r.verdict.valid not in (True, False) for r in run.results)
+        ratio = steady / reference if steady else None
+        if name == "single-tool":
+            target = f">= {CYCLES_TARGET:.0f}/s, >= {FLOOR_SHARE:.2f}x"
+            passed = steady is not None and steady >= CYCLES_TARGET and ratio is not None and ratio >= FLOOR_SHARE
+        else:
+            target, passed = "(informative)", None
+        cpu = ", ".join(f"{k} {v:.0f} ms" for k, v in run.cpu.items())
         note = (f"{n} exhaustive cases ({'+'.join(kill_modes)} kills), jobs={jobs}; cycles/s after the first "
                 f"case completes (the template is then warm); with the template's start counted: "
-                f"{n / wall:.1f}/s over {wall:.1f}s; CPU per case: supervisor {(s1 - s0) / n * 1000:.0f} ms, "
-                f"workers+template {(c1 - c0) / n * 1000:.0f} ms; reference: no-op worker cycles/s, same pool "
-                f"kind, jobs={jobs}")
+                f"{n / run.wall:.1f}/s over {run.wall:.1f}s; CPU per warm case: {cpu or '-'}; reference: the pool "
+                f"floor above")
         if violations or unknown:
             note += f"; {violations} VIOLATION(s), {unknown} unknown verdict(s)"
-        report.add(Figure(f"campaign {name}: cycles/s", steady, "/s", reference,
-                          ratio=steady / reference if steady else None,
+        report.add(Figure(f"campaign {name}: cycles/s", steady, "/s", reference, ratio=ratio,
                           target=target, passed=passed if not violations else False, note=note))
-        if name == "single-tool" and done:
+        if name == "single-tool" and run.done:
             report.add(Figure("campaign single-tool: first case done (template start, once per campaign)",
-                              done[0] * 1000, "ms", target="(informative)",
+                              run.done[0] * 1000, "ms", target="(informative)",
                               note="from Campaign.run() to the first verdict: the template's interpreter start, "
                                    "imports and warm-up, then one cycle"))
+            _cpu_split(report, run.cpu)
+    bench_upstream_campaign(report, bench_dir, jobs, upstream_limit)
+
+
+def _campaign(bench_dir: Path, scenarios: list[str], jobs: int, limit: int | None,
+              kill_modes: tuple[str, ...] = ("self",), target: str = "hermes") -> CampaignRun:
+    work = Path(tempfile.mkdtemp(prefix=f"campaign-{'+'.join(scenarios)}-", dir=bench_dir))
+    config = CampaignConfig(scenarios=scenarios, mode="exhaustive", jobs=jobs, workdir=work, keep=False,
+                            limit=limit, kill_modes=kill_modes, target=target)
+    try:
+        return measure_campaign(config)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _cpu_split(report: Report, cpu: dict[str, float]) -> None:
+    """One line per part of the single-tool campaign's CPU per warm case, against the whole."""
+    total = sum(cpu.values())
+    meaning = {"template": "the fork server's own CPU: its forks, and any double fork's middle process",
+               "workers": "every process the supervisor reaped: the workers, and the `cp` of each snapshot copy",
+               "supervisor": "this process's CPU but the checker's: observing, snapshots, the model server",
+               "checker": "thread CPU inside check_case (supervisor.chaos.checker)"}
+    for part in ("workers", "supervisor", "template", "checker"):
+        if part in cpu:
+            report.add(Figure(f"campaign single-tool: CPU per case, {part}", cpu[part], "ms", total,
+                              ratio=cpu[part] / total if total else None, target="(informative)",
+                              note=f"{meaning[part]}; reference: all four, per warm case"))
+
+
+def bench_upstream_campaign(report: Report, bench_dir: Path, jobs: int, limit: int | None) -> None:
+    """Upstream hermes-agent's exhaustive campaign on single-tool and writes against ours, both
+    whole (template start included), each on a pool of its own; skipped when it is not installed."""
+    name = "campaign upstream hermes-agent, exhaustive single-tool+writes"
+    if not TARGETS["hermes-agent"].available():
+        report.add(Figure(f"{name}: cases/s", None, "/s", note="hermes-agent is not installed "
+                                                               "(pip install 'hermes-supervisor[upstream]')"))
+        return
+    ours = _campaign(bench_dir, UPSTREAM_SCENARIOS, jobs, limit)
+    theirs = _campaign(bench_dir, UPSTREAM_SCENARIOS, jobs, limit, target="hermes-agent")
+    ours_rate, rate = len(ours.results) / ours.wall, len(theirs.results) / theirs.wall
+    by_class: dict[str, int] = {}
+    for result in theirs.results:
+        for violation in result.verdict.violations:
+            by_class[violation.kind] = by_class.get(violation.kind, 0) + 1
+    kills = sum(r.kills for r in theirs.results)
+    note = (f"{len(theirs.results)} cases, {kills} landed kills, violations by class {by_class or '{}'} (upstream's "
+            f"own findings); jobs={jobs}, with the template's start; reference: ours on the same cases, "
+            f"{len(ours.results)} cases in {ours.wall:.1f}s")
+    report.add(Figure(f"{name}: cases/s", rate, "/s", ours_rate, ratio=rate / ours_rate, target="(informative)",
+                      note=note))
+    whole = limit is None
+    report.add(Figure(f"{name}: wall", theirs.wall, "s", ours.wall, ratio=theirs.wall / ours.wall,
+                      target=f"<= {UPSTREAM_WALL_S:.0f} s" if whole else "(informative)",
+                      passed=theirs.wall <= UPSTREAM_WALL_S if whole else None,
+                      note="the whole campaign" if whole
+                      else f"its kill cases cut to {limit} (--quick): not the target's campaign"))

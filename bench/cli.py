@@ -1,6 +1,7 @@
 """`python -m bench` / `scripts/bench.py` / `hermes-supervisor bench`: run the benchmarks, print the table.
 
     python -m bench [--quick] [--long] [--only flush,resume,...] [--dir PATH] [--json PATH] [--strict]
+                    [--charts DIR | --no-charts]
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from bench import charts
 from bench.api import bench_api
 from bench.campaign import bench_campaign
 from bench.daemon import bench_daemon
@@ -42,16 +44,18 @@ class Sizes:
     api_turns: int
     memory_runs: int
     upstream: int
+    upstream_campaign: int | None  # cases of upstream's campaign (None: all of them)
 
 
 def sizes_for(quick: bool, long: bool) -> Sizes:
     if quick:
         return Sizes(flush={"NORMAL": 200, "FULL": 40}, growth=200, resume_rows=10_000, resume_runs=3,
                      recovery_fork=3, recovery_fresh=1, campaign_scenarios=["single-tool"], campaign_limit=5,
-                     noop_cycles=4, daemon_turns=8, api_turns=8, memory_runs=12, upstream=50)
+                     noop_cycles=4, daemon_turns=8, api_turns=8, memory_runs=12, upstream=50, upstream_campaign=2)
     return Sizes(flush={"NORMAL": 4000, "FULL": 600}, growth=3000, resume_rows=10_000, resume_runs=9,
                  recovery_fork=25, recovery_fresh=5, campaign_scenarios=None, campaign_limit=None,
-                 noop_cycles=40, daemon_turns=200, api_turns=120, memory_runs=5000 if long else 300, upstream=400)
+                 noop_cycles=40, daemon_turns=200, api_turns=120, memory_runs=5000 if long else 300, upstream=400,
+                 upstream_campaign=None)
 
 
 SECTIONS = ("flush", "upstream", "resume", "recovery", "campaign", "daemon", "api", "memory")
@@ -67,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=2, help="campaign parallelism (default 2)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 if any figure FAILs")
+    charts.add_arguments(parser)  # --charts DIR / --no-charts (bench/charts.py)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     bench_dir = Path(tempfile.mkdtemp(prefix="hermes-bench-", dir=base))
     sizes = sizes_for(args.quick, args.long)
     report = Report(machine=machine_info(bench_dir))
+    chart_plan = charts.begin(report, args)  # before the sections: the flush series runs only for charts
     started = time.monotonic()
 
     def section(name: str, fn: Callable[[], Any]) -> Any:
@@ -108,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                                                           sizes.recovery_fresh)) or []
         scenarios = sizes.campaign_scenarios or sorted(SCENARIOS, key=lambda s: (s != "single-tool", s))
         section("campaign", lambda: bench_campaign(report, bench_dir, scenarios, args.jobs, sizes.campaign_limit,
-                                                   sizes.noop_cycles))
+                                                   sizes.noop_cycles, sizes.upstream_campaign))
         section("daemon", lambda: bench_daemon(report, bench_dir, sizes.daemon_turns, 4, 8,
                                                timeout=120.0 if args.quick else 600.0,
                                                noop_cycles=sizes.noop_cycles))
@@ -123,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     report.notes.append(f"mode: {'quick (smoke sizes, not a measurement)' if args.quick else 'full'}"
                         f"{', long memory campaign' if args.long else ''}; took {time.monotonic() - started:.0f}s")
     print(render(report), flush=True)
+    charts.finish(report, chart_plan)  # the SVGs, and one line on stderr saying where they went or why not
     if args.json is not None:
         args.json.write_text(json.dumps({"machine": report.machine, "notes": report.notes,
                                          "figures": [f.__dict__ | {"result": f.verdict()} for f in report.figures]},

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import psutil
 
+from bench.charts import collected
 from bench.table import Figure, Report, median
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, SESSION, campaign_script
 from supervisor.procs.pool import Pool
@@ -134,6 +135,12 @@ def measure_recovery(forkserver: bool, runs: int, bench_dir: Path, warmup: int =
 def bench_recovery(report: Report, bench_dir: Path, fork_runs: int, fresh_runs: int) -> list[RecoverySample]:
     fork = measure_recovery(True, fork_runs, bench_dir)
     fresh = measure_recovery(False, fresh_runs, bench_dir)
+    data = collected(report)  # every sample, for the recovery-latency chart
+    data.recovery = {"fork server": [s.kill_to_request_ms for s in fork],
+                     "fresh interpreter": [s.kill_to_request_ms for s in fresh]}
+    data.recovery_note = (f"every cycle after one warm-up per pool: SIGKILL of the worker blocked at "
+                          f"{RECOVERY_KILL_AT} ({RECOVERY_SCENARIO}) -> the resumed worker's model request at the "
+                          "scripted server; dotted: medians")
     f_ms = median([s.kill_to_request_ms for s in fork])
     r_ms = median([s.kill_to_request_ms for s in fresh])
     bad = sum(not s.resumed_ok for s in fork + fresh)

@@ -24,6 +24,10 @@ It holds two parts:
 * the benchmark table printed by ``python scripts/bench.py`` (the full bench), when that script
   exists, or a line saying it is produced there.
 
+The full bench also redraws the README's charts (``docs/figures/flush-vs-rows.svg`` and
+``docs/figures/recovery-latency.svg``, next to the block) when matplotlib is installed (the
+``bench`` extra); its line saying where they went, or why not, is passed on to stderr.
+
 Every timing-dependent value of the chaos part is written with a leading ``~`` (``~5.02``),
 and only those: :func:`normalize` replaces them, so a check compares every count exactly
 and every timing by its shape. The bench part is all timings: a check compares its shape
@@ -121,6 +125,9 @@ def bench_part() -> str:
     if not bench_available():
         return BENCH_ABSENT
     done = _run([sys.executable, str(BENCH_SCRIPT), *BENCH_ARGS], BENCH_TIMEOUT_S)
+    for line in done.stderr.splitlines():
+        if line.startswith("bench: charts:"):
+            print(line, file=sys.stderr)  # the SVGs next to the block: redrawn, or why not
     if done.returncode != 0 or not done.stdout.strip():
         return (f"Benchmarks: `{BENCH_COMMAND}` exited with status {done.returncode} when this block "
                 "was generated; the bench table is produced by `scripts/bench.py`.")

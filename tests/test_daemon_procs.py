@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -83,13 +84,18 @@ def test_orphans_of_a_tool_are_reaped_and_killed_at_shutdown(tmp_path: Path, dae
 # ------------------------------------------------------------- fork faults
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
+@pytest.mark.parametrize("forks", ["sibling", "double"])
 def test_a_failed_fork_in_the_template_is_an_error_and_the_template_serves_on(
-        tmp_path: Path, daemons: Daemons) -> None:
-    """The template's own fork fails for the 1st spawn, the intermediate's fork for the 2nd: both
-    are errors the daemon retries after a backoff; the 3rd spawn runs the turn. The template stays
-    the only one, with no child left behind, and the turn counts a single worker start."""
+        tmp_path: Path, daemons: Daemons, forks: str) -> None:
+    """Two spawns fail: with the one-step fork (worker.siblings) the template's fork for the 1st and
+    the 2nd; with the double fork (its fallback, forced here) the template's own fork for the 1st
+    and the intermediate's for the 2nd. Both are errors the daemon retries after a backoff; the 3rd
+    spawn runs the turn. The template stays the only one, with no child left behind, and the turn
+    counts a single worker start."""
     db = tmp_path / "state.db"
-    env = env_for(tmp_path, HELPERS / "fork_faults", HERMES_TEST_FORK_FAULTS="outer:1,inner:2")
+    faults = {"sibling": "outer:1,outer:2", "double": "outer:1,inner:2"}[forks]
+    extra = {"HERMES_TEST_DOUBLE_FORK": "1"} if forks == "double" else {}
+    env = env_for(tmp_path, HELPERS / "fork_faults", HERMES_TEST_FORK_FAULTS=faults, **extra)
     # The status file a previous daemon might have left, with pids no daemon may ever signal.
     inbox.write_status(db, {"pid": 0, "workers": [{"pid": 0, "create_time": None}, {"pid": 1, "create_time": None},
                                                   {"pid": -1, "create_time": None}], "templates": [{"pid": 0}]})
@@ -98,7 +104,8 @@ def test_a_failed_fork_in_the_template_is_an_error_and_the_template_serves_on(
     wait_for("the turn to end", lambda: turn_state(db, turn) == "done")
     out = daemon.output()
     assert out.count("could not start a worker: the worker template failed: fork failed") == 2, out
-    assert "fork refused (test fault, outer)" in out and "fork refused (test fault, inner)" in out
+    refused = {"sibling": ["outer", "outer"], "double": ["outer", "inner"]}[forks]
+    assert re.findall(r"fork refused \(test fault, (\w+)\)", out) == refused, out
     with SessionDB(db, readonly=True) as handle:
         assert handle.get_turn(turn)["attempts"] == 1
 

@@ -2,22 +2,30 @@
 
 Starting `python -m worker` costs an interpreter start plus `import openai`
 (about half a second). The template pays that once: it imports everything a
-worker needs, opens no database and starts no thread, then waits on an inherited
-socket for spawn requests. For each request it double-forks: the grandchild
-becomes the worker (its own session and process group, stderr on the pipe it was
-handed, its control channel on the socket it was handed) and the intermediate
-exits at once, so the worker is reparented to the supervisor, which has made
-itself a child subreaper and so reaps each worker itself, exactly once.
+worker needs, opens no database and runs no second thread when it forks, then waits
+on an inherited socket for spawn requests. For each request it forks the worker (its
+own session and process group, stderr on the pipe it was handed, its control channel
+on the socket it was handed) as a child of the supervisor, which so reaps each worker
+itself, exactly once: in one step where Linux allows it (worker.siblings: clone with
+CLONE_PARENT), else by a double fork whose intermediate exits at once, so the worker is
+re-parented to the supervisor (a child subreaper).
+
+`python -m worker.forkserver FD [--preload MODULE[:FUNCTION]]...`: before its first fork the
+template imports each such module (and calls that function of it, e.g. to give upstream
+Hermes a neutral home to import against, see worker.targets.hermes_agent.preload), so a
+target's own packages (upstream's `run_agent`, LangGraph, the Agents SDK) are imported once
+per template instead of once per worker (supervisor.targets: `Target.preload`).
 
 Request frame (worker.protocol.send_with_fds): {"argv": [...]} with two file
 descriptors attached: the worker's control socket and its stderr pipe. Reply:
-{"pid": N} (N > 1, always the worker's own pid) or {"error": "..."}. A fork that fails, in
-the template or in the intermediate, is an error reply; the intermediate exits whatever
-happens, so it can never go on as a second template.
+{"pid": N} (N > 1, always the worker's own pid) or {"error": "..."}. A fork that fails (in
+the template, or in the intermediate of a double fork) is an error reply; a forked process
+exits whatever happens, so it can never go on as a second template.
 """
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import socket
@@ -27,9 +35,32 @@ import openai  # noqa: F401  (preloaded: the point of the template)
 
 import hermes.resume  # noqa: F401
 import hermes.runner  # noqa: F401
+import worker.chaos_tools  # noqa: F401  (imported by every worker's `--tools chaos`)
+import worker.ledger  # noqa: F401
 from worker import main as worker_main
+from worker import siblings, targets
 from worker.protocol import Channel, recv_with_fds
 from worker.targets import hermes as hermes_target
+
+# Argument lists parsed once in the template, so that what argparse compiles and caches on a
+# first parse (its regular expressions) is inherited by every worker instead of redone.
+_WARM_UP_ARGV = (
+    ["run", "--db", "warm-up.db", "--session", "warm-up", "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+     "--message", "warm up", "--turn-id", "turn-0", "--ledger", "warm-up.effects", "--timeout", "20",
+     "--busy-budget", "2", "--kill-at", "turn.start:1", "--kill-mode", "self", "--incarnation", "1",
+     "--control", "9"],
+    ["resume", "--db", "warm-up.db", "--session", "warm-up", "--base-url", "http://127.0.0.1:9/v1",
+     "--model", "m", "--stream", "--incarnation", "2"],
+)
+
+# A request with every kind of message a turn sends: the SDK caches what it learns of each
+# parameter type on its first request of that shape, so the first one is made here.
+_WARM_UP_HISTORY = [
+    {"role": "user", "content": "warm up"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_warm", "type": "function", "function": {"name": "lookup", "arguments": "{\"key\": \"k\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_warm", "content": "{\"key\": \"k\"}"},
+]
 
 _WARM_UP_REPLY = {
     "id": "warm-up", "object": "chat.completion", "created": 0, "model": "warm-up",
@@ -54,18 +85,21 @@ def warm_up() -> None:
 
     The SDK imports its HTTP stack when the first client is built and its chat resources
     and stream parser on the first request; a TLS context costs a CA-store load. So: build
-    the shared TLS context (worker.targets.hermes.http_client), then run one plain and one streamed
-    model call through an in-memory transport (no socket, no thread, no database), and
-    import the codec getaddrinfo needs for a host name. Best effort: a failure here only
-    leaves the workers as slow as fresh ones.
+    the workers' HTTP client and its TLS context (worker.targets.hermes.http_client), then run
+    one plain and one streamed model call through an in-memory transport (no socket, no
+    thread, no database), and import the codec getaddrinfo needs for a host name; parse a
+    worker's command lines once, resolve the chaos toolset and quiet the HTTP libraries'
+    loggers. Best effort: a failure here only leaves the workers as slow as fresh ones.
     """
     try:
         import encodings.idna  # noqa: F401  (socket.getaddrinfo encodes host names with it)
 
-        worker_main._parser()
-        shared = hermes_target.http_client("http://127.0.0.1:9/v1", 60.0)
-        if shared is not None:
-            shared.close()
+        parser = worker_main._parser()
+        for argv in _WARM_UP_ARGV:
+            parser.parse_args(argv)
+        targets.load_tools("chaos")
+        worker_main.quiet_libraries()
+        hermes_target.http_client("http://127.0.0.1:9/v1", 60.0)  # built once, for every worker
         httpx = hermes_target.sdk_http_module()
 
         def reply(request):  # type: ignore[no-untyped-def]
@@ -79,7 +113,7 @@ def warm_up() -> None:
             agent = hermes.runner.AIAgent(api_key="warm-up", base_url="http://127.0.0.1:9/v1", model="warm-up",
                                           stream=stream, max_retries=0,
                                           http_client=client)
-            agent._call_model([{"role": "user", "content": "warm up"}], None)
+            agent._call_model(_WARM_UP_HISTORY, "warm up")
             agent.client.close()
     except Exception as exc:  # noqa: BLE001
         print(f"worker.forkserver: warm-up skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
@@ -109,8 +143,35 @@ def _become_worker(argv: list[str], control_fd: int, stderr_fd: int, server: soc
 
 
 def _spawn(request: dict, fds: list[int], server: socket.socket) -> int:
-    """Double-fork a worker; its pid (> 1). OSError when either fork fails: the template goes on
-    serving, and nothing it forked lives on (the intermediate never returns into this loop)."""
+    """Fork a worker as the supervisor's child; its pid (> 1). OSError when a fork fails: the
+    template goes on serving, and nothing it forked lives on (no fork returns into this loop)."""
+    if siblings.available():
+        return _spawn_sibling(request, fds, server)
+    return _spawn_double(request, fds, server)
+
+
+def _spawn_sibling(request: dict, fds: list[int], server: socket.socket) -> int:
+    """One fork whose child is the supervisor's (worker.siblings)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = siblings.fork_sibling()
+        if pid == 0:
+            try:
+                control_fd, stderr_fd = fds
+                _become_worker(list(request["argv"]), control_fd, stderr_fd, server)
+            finally:
+                os._exit(1)  # _become_worker exits by itself; this only catches a failure before it
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if pid <= 1:
+        raise OSError(f"the fork returned pid {pid}")
+    return pid
+
+
+def _spawn_double(request: dict, fds: list[int], server: socket.socket) -> int:
+    """Double-fork a worker: an intermediate forks it and exits, so it is re-parented."""
     read_end, write_end = os.pipe()
     try:
         sys.stdout.flush()
@@ -184,9 +245,37 @@ def serve(fd: int) -> int:
         replies.send({"pid": pid})
 
 
+def preload(specs: list[str]) -> None:
+    """Import each `MODULE[:FUNCTION]` (and call FUNCTION), in order. Best effort: what fails to
+    load here is loaded by each worker itself, as a fresh interpreter would."""
+    for spec in specs:
+        name, _, function = spec.partition(":")
+        try:
+            module = importlib.import_module(name)
+            if function:
+                getattr(module, function)()
+        except Exception as exc:  # noqa: BLE001
+            print(f"worker.forkserver: preload of {spec} skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def _arguments(argv: list[str]) -> tuple[int, list[str]] | None:
+    """(FD, what to preload) from `FD [--preload MODULE[:FUNCTION]]...`, or None when malformed."""
+    if not argv or not argv[0].isdigit():
+        return None
+    names, rest = [], argv[1:]
+    while rest:
+        if rest[0] != "--preload" or len(rest) < 2:
+            return None
+        names.append(rest[1])
+        rest = rest[2:]
+    return int(argv[0]), names
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
-        print("usage: python -m worker.forkserver FD", file=sys.stderr)
+    parsed = _arguments(sys.argv[1:])
+    if parsed is None:
+        print("usage: python -m worker.forkserver FD [--preload MODULE[:FUNCTION]]...", file=sys.stderr)
         sys.exit(2)
+    preload(parsed[1])
     warm_up()
-    sys.exit(serve(int(sys.argv[1])))
+    sys.exit(serve(parsed[0]))

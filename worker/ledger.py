@@ -2,8 +2,12 @@
 
 It is the ground truth a checker counts: how often a tool really ran for one tool
 call, under which idempotency key, in which process. Each record is its own
-fsynced transaction, committed before the tool's effect is reported, so a kill
-right after cannot lose it.
+transaction, committed before the tool's effect is reported, so a kill right after
+cannot lose it: a committed write is in the operating system's hands, and a killed
+process takes nothing of it along. What a kill cannot take, only a power cut can, so
+the ledger is not fsynced (`synchronous = OFF`): it is test evidence about process
+crashes, not data that must outlive the machine (the transcript is fsynced, see
+hermes.store.connection).
 
 One `Ledger` is shared by every tool thread of a worker (a concurrent batch runs its
 tools on a pool), and several worker processes may write one ledger file at once (a
@@ -70,8 +74,9 @@ class Ledger:
         # kinds of SQLITE_BUSY that the handler never waits on are retried too.
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                      timeout=min(1.0, busy_budget_s))
+        # Before the first write (switching to WAL is one): no sync of the file, its journal or directory.
+        self._conn.execute("PRAGMA synchronous = OFF")
         self._retry_busy(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone())
-        self._conn.execute("PRAGMA synchronous = FULL")
         present = self._retry_busy(lambda: self._conn.execute(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('executions', 'kv')"
         ).fetchone()[0])
@@ -84,7 +89,7 @@ class Ledger:
             return retry_on_busy(fn, budget_s=self.busy_budget_s, max_delay_s=0.1)
 
     def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run `fn` in one BEGIN IMMEDIATE transaction, committed (and fsynced) before returning."""
+        """Run `fn` in one BEGIN IMMEDIATE transaction, committed before returning."""
         if self.readonly:
             raise sqlite3.OperationalError("attempt to write a readonly database (this ledger was opened read-only)")
 

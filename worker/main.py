@@ -211,14 +211,27 @@ def _validate(args: argparse.Namespace) -> KillPlan | None:
     return plan
 
 
+_NOISY = ("httpx", "httpx2", "openai", "httpcore")
+
+
+def _set_level(logger: logging.Logger, level: int) -> None:
+    if logger.level != level:  # setLevel empties every logger's cache: only when it changes anything
+        logger.setLevel(level)
+
+
+def quiet_libraries() -> None:
+    """The HTTP libraries log warnings and worse only (a fork-server template does it once for its workers)."""
+    for noisy in _NOISY:
+        _set_level(logging.getLogger(noisy), logging.WARNING)
+
+
 def _setup_logging(args: argparse.Namespace) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLines({"worker": args.session, "pid": os.getpid(), "incarnation": args.incarnation}))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-    for noisy in ("httpx", "httpx2", "openai", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    _set_level(root, logging.INFO)
+    quiet_libraries()
 
 
 def _die_with_parent() -> None:
@@ -259,7 +272,8 @@ def _report(args: argparse.Namespace, link: SupervisorLink | None, out: dict[str
 
 def main(argv: Sequence[str] | None = None, *, die_with_parent: bool = True) -> int:
     """The worker entry. A fork-server child passes die_with_parent=False: its parent at that
-    instant is a short-lived intermediate, and a closed control channel already stops it."""
+    instant may be a double fork's short-lived intermediate (worker.forkserver), and a closed
+    control channel already stops it."""
     try:
         args = _parser().parse_args(argv)
         plan = _validate(args)

@@ -76,7 +76,8 @@ class Campaign:
         self.config = config
         self.progress = progress or (lambda line: None)
         # Workers start as forks of the warm template where the target allows it, else as fresh interpreters.
-        self.pool = Pool(forkserver=config.forkserver and TARGETS[config.target].forkserver)
+        target = TARGETS[config.target]
+        self.pool = Pool(forkserver=config.forkserver and target.forkserver, preload=target.preload)
         self.history = HistoryWriter(history_path) if history_path else None
         self.log_sink = log_sink
         self.on_result = on_result

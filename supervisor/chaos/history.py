@@ -32,15 +32,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from hermes import private_files
-from hermes.state import StorageError
+from hermes.state import StorageError, open_snapshot
 from hermes.transcript import is_blank_assistant
-from supervisor.chaos.durable import load_durable
+from supervisor.chaos.durable import Durable
+from supervisor.targets import schema_of
+
+_T = TypeVar("_T")
 
 # Keys every event carries; a caller's field of the same name would silently lie about
 # when or where the event happened, so `record` refuses them.
@@ -182,10 +186,42 @@ def snapshot_rows(db_path: Path) -> dict[int, dict[str, Any]]:
     the file or its schema does not exist yet (a worker killed before creating them).
     Raises StorageError when the file exists and cannot be read.
     """
-    state = load_durable(Path(db_path))
-    if state.error is not None:
-        raise StorageError(f"cannot snapshot {db_path}: {state.error}")
+    return summarize_rows(snapshot_and_ask(db_path, None)[0])
+
+
+def summarize_rows(state: Durable) -> dict[int, dict[str, Any]]:
+    """`snapshot_rows` of a durable state already read."""
     return {int(r["id"]): summarize_row(r) for r in state.rows}
+
+
+def snapshot_and_ask(db_path: Path, question: Callable[[sqlite3.Connection], _T] | None
+                     ) -> tuple[Durable, _T | None]:
+    """The whole durable state of the database now, as `load_durable` reads it (from one private
+    copy), and `question` asked of the same copy (None when there is no database yet): one copy
+    where two reads of the same instant need one. Raises StorageError when the file exists and
+    cannot be read (where `load_durable` returns the error in the state)."""
+    path = Path(db_path)
+    if not path.exists():
+        return Durable(path, missing=True), None
+    try:
+        conn = open_snapshot(path)
+    except (StorageError, sqlite3.DatabaseError) as exc:
+        if not path.exists():
+            return Durable(path, missing=True), None
+        raise StorageError(f"cannot snapshot {db_path}: {exc}") from None
+    try:
+        try:
+            state = Durable(path, *schema_of(conn).read_durable(conn, path, None))
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):  # created, schema not committed: nothing durable yet
+                raise StorageError(f"cannot snapshot {db_path}: {exc}") from None
+            state = Durable(path, missing=True)
+        except (sqlite3.DatabaseError, ValueError) as exc:  # ValueError: a row's JSON does not decode
+            raise StorageError(f"cannot snapshot {db_path}: {exc}") from None
+        answer = question(conn) if question is not None else None
+    finally:
+        conn.close()
+    return state, answer
 
 
 def write_private(path: Path, text: str) -> None:

@@ -23,9 +23,9 @@ import psutil
 
 from hermes.private_files import make_private_dirs
 from hermes.state import StorageError, open_snapshot
-from supervisor.chaos.checker import NO_KILL, UNFIRED, Verdict, check_case, load_durable, twin_transcript
+from supervisor.chaos.checker import NO_KILL, UNFIRED, Durable, Verdict, check_case, load_durable, twin_transcript
 from supervisor.chaos.generator import Case, case_file_stem
-from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_rows
+from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_and_ask, summarize_rows
 from supervisor.chaos.nemesis import CROWD, CROWD_BUSY_BUDGET_S, Fault
 from supervisor.chaos.nemesis.model import STALL_WORKER_TIMEOUT_S, refusing_url
 from supervisor.chaos.nemesis.storage import KINDS as STORAGE_FAULT_KINDS
@@ -116,6 +116,10 @@ class CaseRunner:
         self._crowd_done = False
         self._twin_done = False
         self._running: set[int] = set()  # incarnations of this case's workers not yet reaped
+        # What the last snapshot read while no worker ran, with how many workers had started then:
+        # (that count, turn index, the turn's state) and (that count, the durable state).
+        self._state_seen: tuple[int, int, str | None] | None = None
+        self._durable_seen: tuple[int, Durable] | None = None
         self.kills = 0
 
     # -------------------------------------------------------------- observing
@@ -283,14 +287,36 @@ class CaseRunner:
         if proc.signal == signal.SIGKILL:
             self.kills += 1
         if snapshot:
-            self._snapshot("exit")
+            self._snapshot("exit", self._where[proc.incarnation][0])
 
-    def _snapshot(self, after: str) -> None:
-        self.history.record("snapshot", after=after, rows={str(k): v for k, v in snapshot_rows(self.db).items()})
+    def _snapshot(self, after: str, turn_index: int | None = None) -> None:
+        """Record every row as it is now; with `turn_index`, also read that turn's state from the
+        same copy, which `_turn_state` then answers with while no worker has run since."""
+        question = None if turn_index is None else (lambda conn: self._read_turn_state(conn, turn_index))
+        self._state_seen = self._durable_seen = None
+        durable, state = snapshot_and_ask(self.db, question)
+        self.history.record("snapshot", after=after, rows={str(k): v for k, v in summarize_rows(durable).items()})
+        if not self._running:
+            self._durable_seen = (self._incarnations, durable)
+            if turn_index is not None and state is not _UNREAD:
+                self._state_seen = (self._incarnations, turn_index, state)
+
+    def _read_turn_state(self, conn: sqlite3.Connection, turn_index: int) -> str | None | object:
+        try:
+            return self.target.turn_state(conn, SESSION, f"turn-{turn_index}")
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None  # killed before the schema was committed: nothing has started
+            return _UNREAD  # `_turn_state` reads it again, and says what is wrong
 
     def _turn_state(self, turn_index: int) -> str | None:
         """The turn's durable state now, read from a private copy of the database: the view a
-        recovering worker gets, since the observer is closed whenever a worker exits."""
+        recovering worker gets, since the observer is closed whenever a worker exits. What the
+        last snapshot read while no worker ran is still what a copy would read if none has run
+        since, so that one answers."""
+        seen = self._state_seen
+        if seen is not None and not self._running and seen[:2] == (self._incarnations, turn_index):
+            return seen[2]
         if not self.db.exists():
             return None
         try:
@@ -408,7 +434,10 @@ class CaseRunner:
         for turn_index in range(len(self.scenario.turns)):
             restarts += self._run_turn(turn_index)
         events = self.history.events
-        verdict = check_case(self.db, self.ledger, events, self.scenario.expectation(), planned=self.case.fault,
+        # The state the last snapshot read is the final one if no worker has started since it.
+        seen = self._durable_seen
+        final = seen[1] if seen is not None and not self._running and seen[0] == self._incarnations else self.db
+        verdict = check_case(final, self.ledger, events, self.scenario.expectation(), planned=self.case.fault,
                              promises=self.target.promises_for(self.config.target_args))
         self.observer.close()
         trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events
@@ -451,6 +480,9 @@ class CaseRunner:
             command = "resume" if state == "running" else "run"
             if killed and self._storage_faults and not self._storage_rounds_done:
                 self._storage_fault_rounds(command, turn_index)
+
+
+_UNREAD = object()  # a snapshot's read of a turn state that failed: read it again on its own
 
 
 def _ack_only(proc: WorkerProcess, msg: dict[str, Any]) -> None:

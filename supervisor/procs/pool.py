@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import psutil
 
@@ -199,10 +199,14 @@ def become_subreaper() -> bool:
 class ForkServer:
     """The supervisor's handle on a warm `python -m worker.forkserver` template."""
 
-    def __init__(self, python: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, python: str, env: dict[str, str] | None = None, preload: Sequence[str] = ()) -> None:
+        """`preload`: what the template imports before its first fork (`MODULE` or `MODULE:FUNCTION`)."""
         ours, theirs = socket.socketpair()
+        argv = [python, "-m", "worker.forkserver", str(theirs.fileno())]
+        for spec in preload:
+            argv += ["--preload", spec]
         with starting_child():
-            self.process = subprocess.Popen([python, "-m", "worker.forkserver", str(theirs.fileno())],
+            self.process = subprocess.Popen(argv,
                                             pass_fds=[theirs.fileno()], start_new_session=True,
                                             stdin=subprocess.DEVNULL, env=child_env(env), cwd=REPO_ROOT)
             claim_child(self.process.pid)
@@ -235,8 +239,9 @@ class Pool:
     """Starts workers (fresh interpreters, or forks of a warm template) and keeps one reaper per child."""
 
     def __init__(self, python: str = sys.executable, *, forkserver: bool = False,
-                 env: dict[str, str] | None = None) -> None:
-        """`env`: set in every worker's environment (and the template's), on top of this process's."""
+                 env: dict[str, str] | None = None, preload: Sequence[str] = ()) -> None:
+        """`env`: set in every worker's environment (and the template's), on top of this process's;
+        `preload`: what the fork-server template imports before its first fork (ForkServer)."""
         self.python = python
         self.env = dict(env or {})
         self._live: dict[int, WorkerProcess] = {}
@@ -246,7 +251,7 @@ class Pool:
         if forkserver:
             if not become_subreaper():
                 raise OSError("the fork server needs PR_SET_CHILD_SUBREAPER (Linux)")
-            self._forkserver = ForkServer(python, self.env)
+            self._forkserver = ForkServer(python, self.env, preload)
 
     def _launch(self, argv: list[str], control_fd: int) -> tuple[int, Any, Callable[[], int]]:
         """Start one worker; returns (pid, its stderr as a binary file, a blocking wait for its status)."""

@@ -163,6 +163,7 @@ def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink |
 
 # ------------------------------------------------------------- the SDK's HTTP client
 _TLS_CONTEXT: Any = None
+_CLIENT: Any = None
 
 
 def sdk_http_module() -> Any:
@@ -174,20 +175,23 @@ def sdk_http_module() -> Any:
 
 
 def http_client(base_url: str, timeout: float) -> Any:
-    """An HTTP client for the SDK with the SDK's own defaults, on this process's one TLS context.
+    """This process's HTTP client for the SDK: the SDK's own defaults, on one TLS context.
 
-    The SDK would build a client per agent, loading the CA store each time (~30 ms). Here the
-    context is built once per process with the same defaults; a fork-server template builds it
-    before forking, so its workers share it. None if the SDK has no such hook (it then builds
-    its own client, as before).
+    The SDK would build a client per agent, loading the CA store each time (~30 ms). Here one
+    client is built per process (a fork-server template builds it before forking, so its workers
+    find it built). One serves every agent whatever its `base_url` and `timeout`: the SDK sends
+    each request with its absolute URL and its timeout, so those of the HTTP client are never
+    used. None if the SDK has no such hook (it then builds its own client, as before).
     """
-    global _TLS_CONTEXT
+    global _TLS_CONTEXT, _CLIENT
     try:
         import openai
 
-        if _TLS_CONTEXT is None:
-            _TLS_CONTEXT = sdk_http_module().create_ssl_context()
-        return openai.DefaultHttpxClient(base_url=base_url, timeout=timeout, verify=_TLS_CONTEXT)
+        if _CLIENT is None or _CLIENT.is_closed:
+            if _TLS_CONTEXT is None:
+                _TLS_CONTEXT = sdk_http_module().create_ssl_context()
+            _CLIENT = openai.DefaultHttpxClient(verify=_TLS_CONTEXT)
+        return _CLIENT
     except Exception as exc:  # an SDK without DefaultHttpxClient/create_ssl_context
         log.debug("no shared HTTP client (%s); the SDK builds its own", exc)
         return None

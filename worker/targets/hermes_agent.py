@@ -53,16 +53,18 @@ has no final answer, re-sends that turn's user text with the stored history.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
 from hermes import probes
-from hermes.private_files import make_private_dirs
+from hermes.private_files import create_private_file, make_private_dirs
 from hermes.tools import ToolContext, registry
 from hermes.transcript import is_final_answer
 from worker.targets import Report, open_ledger, show, toolsets_of
@@ -87,11 +89,104 @@ def missing() -> str | None:
 
 
 def prepare_home(db_path: Path) -> Path:
-    """Give this case its own HERMES_HOME (set before upstream is imported)."""
+    """Give this case its own HERMES_HOME: set before upstream is imported, or, when a fork-server
+    template imported upstream already (`preload`), also where upstream kept the home it found
+    at import and reads again later (`_rehome`)."""
     home = Path(db_path).resolve().parent / "hermes-home"
     make_private_dirs(home / "logs")
+    # An empty config.yaml: upstream's defaults, exactly as with no file at all; but with a file
+    # upstream caches its configuration (keyed on the file's mtime and size), while without one
+    # it rebuilds it from a deep copy of its defaults on each of the ~20 reads of a turn.
+    create_private_file(home / "config.yaml")
     os.environ["HERMES_HOME"] = str(home)
+    _rehome(home)
     return home
+
+
+# Where upstream 0.19.0 keeps the home it found when imported, of what a turn reads later:
+# module -> {attribute: path under the home}. `run_agent._hermes_home` is where AIAgent sets up
+# its log files; the other two are defaults a turn may look at (the auth file, the default
+# database). Everything else a turn reads asks `hermes_constants.get_hermes_home()`, which reads
+# HERMES_HOME from the environment at each call; what other modules kept at import (tool
+# modules' directories, cron's files) belongs to upstream's own tools, which this adapter
+# replaces (`_patch_module`).
+_IMPORT_TIME_HOME = {
+    "run_agent": {"_hermes_home": ""},
+    "hermes_state": {"DEFAULT_DB_PATH": "state.db"},
+    "agent.auxiliary_client": {"_AUTH_JSON_PATH": "auth.json"},
+}
+
+
+def _rehome(home: Path) -> None:
+    """Point what upstream's already imported modules kept of their import-time home at `home`."""
+    for module_name, attributes in _IMPORT_TIME_HOME.items():
+        module = sys.modules.get(module_name)
+        for attribute, below in attributes.items():
+            if module is not None and hasattr(module, attribute):
+                setattr(module, attribute, home / below if below else home)
+
+
+def preload() -> None:
+    """In a fork-server template (supervisor.targets: the hermes-agent target's `preload`): import
+    upstream once, before the first fork, so no worker pays `import run_agent` (over half a second).
+
+    Upstream reads HERMES_HOME while it is imported (and creates its directory skeleton there),
+    so the import runs against a neutral home of the template's own: a private temporary
+    directory, removed when the template exits. No case ever uses it: each worker sets its own
+    home before its turn (`prepare_home`, which also re-points what the import kept of it).
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="hermes-agent-template-"))  # 0700
+    atexit.register(shutil.rmtree, home, ignore_errors=True)  # the template's exit only: workers _exit
+    make_private_dirs(home / "logs")
+    os.environ["HERMES_HOME"] = str(home)
+    import hermes_state  # noqa: F401
+    import run_agent  # noqa: F401
+
+    for name in _IMPORTED_BY_A_TURN:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    _probe_environment()
+
+
+# What upstream 0.19.0 imports only once a turn runs (found by listing the modules a worker
+# imported after its fork), imported by the template instead.
+_IMPORTED_BY_A_TURN = (
+    "agent.agent_init", "agent.agent_runtime_helpers", "agent.anthropic_adapter", "agent.aux_accounting",
+    "agent.bounded_response", "agent.chat_completion_helpers", "agent.coding_context", "agent.conversation_loop",
+    "agent.credits_tracker", "agent.display", "agent.errors", "agent.gemini_native_adapter", "agent.gemini_schema",
+    "agent.kanban_stop", "agent.lmstudio_reasoning", "agent.model_metadata", "agent.models_dev",
+    "agent.moonshot_schema", "agent.prompt_caching", "agent.rate_limit_tracker", "agent.ssl_guard",
+    "agent.ssl_verify", "agent.stream_single_writer", "agent.subdirectory_hints", "agent.system_prompt",
+    "agent.think_scrubber", "agent.tool_executor", "agent.transports", "agent.transports.anthropic",
+    "agent.transports.base", "agent.transports.bedrock", "agent.transports.chat_completions",
+    "agent.transports.codex", "agent.transports.types", "agent.turn_finalizer", "agent.turn_retry_state",
+    "agent.verification_stop", "agent.verify_hooks", "gateway.session_context", "hermes_cli.codex_models",
+    "hermes_cli.moa_config", "hermes_cli.model_normalize", "hermes_cli.models", "hermes_cli.nous_account",
+    "hermes_cli.nous_subscription", "hermes_cli.profiles", "hermes_cli.skin_engine", "hermes_logging",
+    "logging.handlers", "netrc", "pprint", "tools.budget_config", "tools.checkpoint_manager", "tools.env_probe",
+    "tools.hook_output_spill", "tools.mcp_tool", "tools.skill_provenance", "tools.tool_result_storage",
+    "tools.tool_search", "unittest.mock",
+)
+
+
+def _probe_environment() -> None:
+    """Run upstream's Python-toolchain probe (`tools.env_probe`: a few subprocesses, its result
+    cached for the process's life and written into every system prompt) once, here, and wait for
+    its thread to end: the template must hold no thread when it forks."""
+    try:
+        from tools import env_probe
+    except ImportError:
+        return
+    env_probe.get_environment_probe_line()
+    thread = getattr(env_probe, "_PROBE_THREAD", None)
+    if thread is not None:
+        thread.join()
 
 
 def _turns(conversation: list[dict[str, Any]]) -> tuple[int, str | None, bool]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.chaos.checker.effects import CHAOS_TOOLS, effect_semantics, result_fidelity
-from supervisor.chaos.checker.evidence import load_executions, of_type
+from supervisor.chaos.checker.evidence import as_durable, load_executions, of_type
 from supervisor.chaos.checker.liveness import coverage, fails_closed, turn_liveness
 from supervisor.chaos.checker.recovery import consume_once, recovery_determinism, twin_transcript
 from supervisor.chaos.checker.streams import stream_honesty
@@ -86,11 +86,12 @@ __all__ = [
 ]
 
 
-def check_case(db_path: Path, ledger_path: Path | None, events: list[dict[str, Any]],
+def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[dict[str, Any]],
                expect: Expectation | None = None, planned: Fault | None = None,
                promises: Promises = FULL_PROMISES) -> Verdict:
-    """Every invariant, in INVARIANTS order, on one finished case; composed as "case"."""
-    d = load_durable(Path(db_path))  # read once: every invariant judges the same final state
+    """Every invariant, in INVARIANTS order, on one finished case; composed as "case". `db_path`
+    may be its final durable state already read (`load_durable`)."""
+    d = as_durable(db_path)  # read once: every invariant judges the same final state
     executions = load_executions(ledger_path)  # and the ledger once
     ledger = executions if not isinstance(executions, str) else ledger_path
     verdicts = [

@@ -1,8 +1,10 @@
-"""Test only: make os.fork fail inside the worker template (`python -m worker.forkserver`).
+"""Test only: make forks fail inside the worker template (`python -m worker.forkserver`).
 
 $HERMES_TEST_FORK_FAULTS lists the forks to refuse, e.g. "outer:1,inner:2": the template's
-own fork for its 1st spawn request (the intermediate), and the fork inside the intermediate of
-its 2nd request (the worker). Read here only; nothing in the project knows of it.
+own fork for its 1st spawn request (the worker itself with worker.siblings, else the
+intermediate of a double fork), and the fork inside the intermediate of its 2nd request (the
+worker; only a double fork has one). $HERMES_TEST_DOUBLE_FORK=1 makes the template fork twice
+even where it could fork once. Read here only; nothing in the project knows of either.
 """
 import errno
 import os
@@ -34,6 +36,21 @@ def _arm(spec: str) -> None:
         return real_fork()
 
     os.fork = fork
+
+    from worker import siblings
+
+    if os.environ.get("HERMES_TEST_DOUBLE_FORK"):
+        siblings.available = lambda: False
+        return
+    real_sibling = siblings.fork_sibling
+
+    def fork_sibling() -> int:
+        spawn[0] += 1
+        if ("outer", spawn[0]) in faults:
+            raise OSError(errno.EAGAIN, "fork refused (test fault, outer)")
+        return real_sibling()
+
+    siblings.fork_sibling = fork_sibling
 
 
 if _is_template() and os.environ.get("HERMES_TEST_FORK_FAULTS"):
