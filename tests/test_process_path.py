@@ -32,24 +32,25 @@ REPO = Path(__file__).resolve().parents[1]
 def test_a_sibling_fork_is_a_child_of_the_callers_parent(tmp_path: Path) -> None:
     """A process forks a sibling and exits; this process, its parent, reaps the sibling and reads
     its exit status, as the supervisor reaps a worker its template forked."""
+    # Each process reports on a channel of its own: two writers on one pipe may interleave.
     script = textwrap.dedent("""
         import os, sys
         from worker import siblings
         pid = siblings.fork_sibling()
         if pid == 0:
-            sys.stdout.write(f"{os.getppid()}\\n")
-            sys.stdout.flush()
+            with open(sys.argv[1], "w") as out:
+                out.write(str(os.getppid()))
             os._exit(7)
         print(pid, flush=True)
     """)
-    middle = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    parent_file = tmp_path / "sibling-parent"
+    middle = subprocess.Popen([sys.executable, "-c", script, str(parent_file)], cwd=REPO, stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     out, _ = middle.communicate(timeout=60)
-    lines = out.split()
-    sibling = int(next(line for line in lines if int(line) != os.getpid()))
-    assert str(os.getpid()) in lines  # the sibling's parent is this process
-    _, status = os.waitpid(sibling, 0)
+    sibling = int(out)
+    _, status = os.waitpid(sibling, 0)  # only a child of this process can be waited for
     assert os.waitstatus_to_exitcode(status) == 7
+    assert parent_file.read_text() == str(os.getpid())  # the sibling's parent is this process
 
 
 def test_the_template_reads_what_to_preload() -> None:
