@@ -7,6 +7,7 @@ with ``validate_session_id`` before using it.
 """
 from __future__ import annotations
 
+import argparse
 import re
 
 SESSION_ID_MAX_LEN = 128
@@ -41,3 +42,11 @@ def validate_session_id(value: object) -> str:
         raise ValueError(f"session id {shown} {why}: use 1 to {SESSION_ID_MAX_LEN} of {SESSION_ID_ALPHABET}, "
                          "starting with a letter or a digit")
     return value
+
+
+def session_id_argument(value: str) -> str:
+    """`validate_session_id` as an argparse type, for every command line that takes a session id."""
+    try:
+        return validate_session_id(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

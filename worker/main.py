@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from hermes import probes
-from hermes.ids import validate_session_id
+from hermes.ids import session_id_argument
 from hermes.json_logs import JsonLines
 from worker import targets
 from worker.link import ProbeWiring, SupervisorLink
@@ -47,20 +47,13 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _session_id(value: str) -> str:
-    try:
-        return validate_session_id(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m worker", description="Run or resume a turn of an agent session.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in ("run", "resume"):
         sub = commands.add_parser(name)
         sub.add_argument("--db", required=True, type=Path, help="the session database (SQLite)")
-        sub.add_argument("--session", required=True, type=_session_id, metavar="ID",
+        sub.add_argument("--session", required=True, type=session_id_argument, metavar="ID",
                          help="1-128 ASCII letters, digits, '.', '_', ':', '-', starting with a letter or digit")
         sub.add_argument("--base-url", default=None,
                          help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (default: $OPENAI_BASE_URL)")

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
+from hermes.ids import session_id_argument
 from supervisor.argtypes import positive_int, seconds
 
 PROG = "hermes-supervisor"
@@ -50,15 +51,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
-
-
-def _session_id(value: str) -> str:
-    from hermes.ids import validate_session_id
-
-    try:
-        return validate_session_id(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _turn_id(value: str) -> str:
@@ -130,7 +122,7 @@ def add_commands(subparsers: Any) -> None:
 
     submit = subparsers.add_parser("submit", help="queue a user turn; prints its turn id")
     submit.add_argument("--db", type=Path, required=True, metavar="PATH")
-    submit.add_argument("--session", required=True, type=_session_id, metavar="ID")
+    submit.add_argument("--session", required=True, type=session_id_argument, metavar="ID")
     submit.add_argument("--turn-id", default=None, type=_turn_id, metavar="ID",
                         help="choose the id (submitting it again is a no-op)")
     submit.add_argument("--json", action="store_true")
@@ -139,7 +131,7 @@ def add_commands(subparsers: Any) -> None:
 
     status = subparsers.add_parser("status", help="sessions, turns and live workers")
     status.add_argument("--db", type=Path, required=True, metavar="PATH")
-    status.add_argument("--session", default=None, type=_session_id, metavar="ID")
+    status.add_argument("--session", default=None, type=session_id_argument, metavar="ID")
     status.add_argument("--json", action="store_true")
     status.set_defaults(daemon_command="status")
 
