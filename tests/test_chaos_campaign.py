@@ -111,6 +111,32 @@ def test_double_and_random_modes_pass(tmp_path: Path) -> None:
 
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
+def test_a_timer_that_misses_is_aimed_again_at_the_span_its_run_showed(tmp_path: Path) -> None:
+    """A timer aimed from a fault-free run far slower than this one goes off after the worker
+    exited; the case runs once more with the same share of the span the missed run measured."""
+    from dataclasses import replace
+
+    from supervisor.chaos.campaign import Campaign
+
+    config = CampaignConfig(scenarios=["single-tool"], jobs=1, workdir=tmp_path / "work")
+    campaign = Campaign(config)
+    campaign.open()
+    try:
+        [baseline] = campaign.run_baselines(["single-tool"])
+        assert baseline.verdict.valid is True and baseline.span_ms > 0
+        # As if the fault-free run had been a thousand times slower: 5 % of it is far past this run's end.
+        campaign.baselines["single-tool"] = replace(baseline, span_ms=baseline.span_ms * 1000)
+        result = campaign.run_case(Case.parse("single-tool/timer@5.00%@t0p0"))
+    finally:
+        campaign.close()
+    assert result is not None and result.reaimed
+    assert result.kills >= 1 and not result.no_kill, result.verdict.message
+    assert result.verdict.valid is True, result.verdict.message
+    assert result.to_json()["reaimed"] is True
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
 def test_a_case_reruns_exactly_from_its_id(tmp_path: Path) -> None:
     case_id = "self-kill/probe:self@tool.dispatch.after:1@t0p1"
     done = supervisor("chaos", "--case", case_id, "--report", str(tmp_path / "one"))

@@ -5,6 +5,8 @@ read again, the effects ledger written without fsync, and one HTTP client per wo
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -51,6 +53,25 @@ def test_a_sibling_fork_is_a_child_of_the_callers_parent(tmp_path: Path) -> None
     _, status = os.waitpid(sibling, 0)  # only a child of this process can be waited for
     assert os.waitstatus_to_exitcode(status) == 7
     assert parent_file.read_text() == str(os.getpid())  # the sibling's parent is this process
+
+
+def test_a_kill_sent_the_moment_a_worker_is_forked_lands(tmp_path: Path) -> None:
+    """A SIGKILL sent before a new worker has made its own process group (its setsid) still
+    kills it, every time: each worker here would otherwise wait a minute on a model that never
+    answers, so only the kill can end it, and its reaped status must show the signal."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts connections, never answers
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+    pool = Pool(forkserver=True)
+    try:
+        for incarnation in range(1, 101):
+            worker = pool.spawn(["run", "--db", str(tmp_path / f"{incarnation}.db"), "--session", "s",
+                                 "--message", "hello", "--base-url", url, "--model", "m"],
+                                incarnation=incarnation, on_message=lambda p, m: None)
+            assert worker.kill("test")
+            assert worker.wait(120) and worker.signal == signal.SIGKILL, worker.returncode
+    finally:
+        pool.close()
+        silent.close()
 
 
 def test_the_template_reads_what_to_preload() -> None:

@@ -44,7 +44,8 @@ class StoredResult:
     """A finished case read back from a report: what the summary and the report writers use of a
     CaseResult, its report.json entry kept exactly as the shard wrote it."""
 
-    __slots__ = ("entry", "case", "verdict", "kills", "restarts", "seconds", "fired", "reached", "no_kill")
+    __slots__ = ("entry", "case", "verdict", "kills", "restarts", "seconds", "fired", "reached", "no_kill",
+                 "reaimed")
 
     def __init__(self, data: dict[str, Any], shared: dict[Any, Any] | None = None) -> None:
         self.entry = {k: v for k, v in data.items() if k != "reached"}
@@ -60,6 +61,7 @@ class StoredResult:
         # Thousands of cases reach the same kill points: one copy of each set.
         self.reached = reached if shared is None else shared.setdefault(reached, reached)
         self.no_kill = bool(data.get("no_kill"))
+        self.reaimed = bool(data.get("reaimed"))
 
     def repro(self) -> str:
         return self.entry.get("repro", self.case.repro())

@@ -56,6 +56,7 @@ class CaseResult:
     reached: frozenset[str] = frozenset()  # probe names this case hit (kept when the trace is dropped)
     flags: tuple[str, ...] = ()  # campaign options the case depends on (target, faults), for its repro
     span_ms: int = 0  # how long the case's first worker lived (a baseline's span aims timer kills)
+    reaimed: bool = False  # an aimed timer that missed once and was aimed again at this run's own span
 
     @property
     def no_kill(self) -> bool:
@@ -69,6 +70,7 @@ class CaseResult:
         return {"case": self.case.case_id, "scenario": self.case.scenario,
                 "fault": self.case.fault.label() if self.case.fault else None,
                 "verdict": self.verdict.to_json(), "kills": self.kills, "no_kill": self.no_kill,
+                "reaimed": self.reaimed,
                 "restarts": self.restarts, "seconds": round(self.seconds, 3), "fired": self.fired,
                 "repro": self.repro()}
 

@@ -167,6 +167,13 @@ class WorkerProcess:
             os.killpg(self.pid, sig)
             return True
         except ProcessLookupError:
+            pass
+        # No such group yet: a worker forked a moment ago has not reached its setsid(), so it is
+        # still alone in the template's group and has started nothing. Signal the process itself.
+        try:
+            os.kill(self.pid, sig)
+            return True
+        except ProcessLookupError:
             return False
 
     def kill(self, by: str) -> bool:

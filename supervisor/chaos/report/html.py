@@ -259,7 +259,7 @@ def render(summary: dict[str, Any], results: list[dict[str, Any]], cases: dict[s
     verdict = verdict_word(summary)
     by_class = summary.get("violations_by_class") or {}
     facts = [("cases", summary.get("cases", len(results))), ("kills landed", summary.get("kills")),
-             ("no-kill cases", summary.get("no_kill", 0)),
+             ("no-kill cases", summary.get("no_kill", 0)), ("timers aimed again", summary.get("reaimed", 0)),
              ("violations", f"{len(summary.get('violations', []))} (damage {by_class.get('damage', 0)}, "
                             f"contract {by_class.get('contract', 0)})"),
              ("not judged", len(summary.get("unknown", []))), ("failing cases", failing)]

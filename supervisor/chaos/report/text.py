@@ -57,7 +57,9 @@ def partial_note(summary: dict[str, Any]) -> str | None:
 
 def _totals(summary: dict[str, Any]) -> str:
     by_class = summary["violations_by_class"]
+    reaimed = summary.get("reaimed", 0)
     return (f"cases {summary['cases']}, kills landed {summary['kills']}, no-kill cases {summary['no_kill']}, "
+            f"{f'timers aimed again {reaimed}, ' if reaimed else ''}"
             f"violations {len(summary['violations'])} (damage {by_class['damage']}, contract {by_class['contract']}), "
             f"not judged {len(summary['unknown'])}, verdict {verdict_word(summary)}")
 
