@@ -543,3 +543,23 @@ def test_worker_whose_session_row_is_deleted_mid_turn_says_so(tmp_path: Path, wo
     assert state.executions == [] and state.dispatches == []
     assert [r["role"] for r in state.rows] == ["user", "assistant"]
     assert state.rows[1]["content"] == INTERIM and len(state.rows[1]["tool_calls"]) == len(CHORE_CALLS)
+
+
+def test_damaged_pages_leave_a_database_without_tables_untouched(tmp_path: Path) -> None:
+    """A worker killed before its schema was committed leaves a file with no table: `corrupt`
+    has nothing to break there, says so (None) and changes no byte, so no worker is then
+    expected to fail closed on storage that was never broken."""
+    db = tmp_path / "state.db"
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.close()
+    before = db.read_bytes()
+    fault = storage_faults.DamagedPages(tmp_path)
+    assert fault.break_storage(db) is None
+    assert db.read_bytes() == before and not fault.broken
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    assert fault.break_storage(db) == "overwrote 1 b-tree root pages (all but the schema page)"
+    fault.release()

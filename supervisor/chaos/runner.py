@@ -349,6 +349,10 @@ class CaseRunner:
             # connection that outlived that keeps reading a stale, unlinked copy of it.
             self.observer.close()
             what = fault.break_storage(self.db)
+            if what is None:
+                self.history.record("storage_fault", fault=fault.cause, phase="skipped",
+                                    reason="the killed worker had not committed a table for this fault to break")
+                continue
             try:  # mended whatever happens, a worker that cannot start (the campaign stopping) too
                 # Process index -1: no kill plan is ever aimed at this worker (see _fault_for), and
                 # its probe hits stay out of the traces further cases are derived from.

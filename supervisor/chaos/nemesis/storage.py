@@ -107,8 +107,9 @@ class StorageFault:
     def prepare(self) -> None:
         """Before the case's first worker starts (the directory exists, empty)."""
 
-    def break_storage(self, db: Path) -> str:
-        """Break the storage of `db` (no worker is running); returns what was done, for the history."""
+    def break_storage(self, db: Path) -> str | None:
+        """Break the storage of `db` (no worker is running); returns what was done, for the history,
+        or None when `db` as it stands gives this fault nothing to break (it is left untouched)."""
         raise NotImplementedError
 
     def mend(self, db: Path) -> None:
@@ -249,13 +250,15 @@ class DamagedPages(StorageFault):
         self.saved: dict[int, bytes] = {}
         self.page_size = 0
 
-    def break_storage(self, db: Path) -> str:
+    def break_storage(self, db: Path) -> str | None:
         conn = _checkpoint(db)
         try:
             self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             roots = [r for (r,) in conn.execute("SELECT rootpage FROM sqlite_master WHERE rootpage > 1")]
         finally:
             conn.close()
+        if not roots:  # killed before its schema was committed: a file with no table to damage
+            return None
         self.broken = True
         with open(db, "r+b") as fh:
             for page in roots:
