@@ -13,10 +13,13 @@ import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+import zlib
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import pytest
+from test_html_report import dom_of, needs_chromium
 
 from supervisor import cli
 from supervisor.chaos.campaign import CampaignConfig
@@ -26,6 +29,7 @@ from supervisor.chaos.history import write_json
 from supervisor.chaos.live import RESULTS_FILE, Console, entry
 from supervisor.chaos.nemesis import Fault
 from supervisor.chaos.plan import Plan, in_part
+from supervisor.chaos.report.html import PAGE_SIZE
 from supervisor.chaos.runner import CaseResult
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,20 +114,31 @@ def _result(case: Case, valid: object = True) -> CaseResult:
 
 
 def _write_shards(root: Path, count: int, *, campaign_id: str | None = None, stop_after: dict[int, int] | None = None,
-                  seed: int = 1) -> list[Path]:
-    """Shard reports as `chaos --shard I/N --report DIR` writes them, for a plan of 12 cases."""
-    full = [Case("writes", Fault("probe", 0, 0, probe="flush.committed", n=n)) for n in range(1, 13)]
+                  seed: int = 1, runs: int | None = None) -> list[Path]:
+    """Shard reports as `chaos --shard I/N --report DIR` writes them: for an exhaustive plan of 12
+    cases of `writes`, or with `runs`, for a random plan of that many cases over two scenarios.
+    The exhaustive plan's case at the 5th flush fails; about one random case in 500 fails."""
+    if runs is None:
+        mode, scenarios = "exhaustive", ["writes"]
+        fails: Callable[[Case], bool] = lambda c: c.fault is not None and c.fault.n == 5  # noqa: E731
+        full = [Case("writes", Fault("probe", 0, 0, probe="flush.committed", n=n)) for n in range(1, 13)]
+    else:
+        mode, scenarios = "random", sorted(_baselines())
+        fails = lambda c: c.fault is not None and zlib.crc32(c.case_id.encode()) % 500 == 0  # noqa: E731
+        full = random_cases(CampaignConfig(scenarios=scenarios, mode=mode, seed=seed, runs=runs,
+                                           kill_modes=("self", "external")), _baselines())
     directories = []
     for index in range(1, count + 1):
-        config = CampaignConfig(scenarios=["writes"], mode="exhaustive", seed=seed, shard=(index, count))
-        plan = Plan.start(config, campaign_id, ["writes/fault-free"])
+        config = CampaignConfig(scenarios=scenarios, mode=mode, seed=seed, runs=runs or 50, shard=(index, count),
+                                kill_modes=("self", "external") if runs else ("self",))
+        plan = Plan.start(config, campaign_id, [f"{s}/fault-free" for s in scenarios])
         cases = plan.derive(config, full)
-        ran = [Case("writes")] + cases[: (stop_after or {}).get(index, len(cases))]
+        ran = [Case(s) for s in scenarios] + cases[: (stop_after or {}).get(index, len(cases))]
         directory = root / f"shard-{index}"
         directory.mkdir(parents=True)
-        results = [_result(c, False if c.fault and c.fault.n == 5 else True) for c in ran]
+        results = [_result(c, False if fails(c) else True) for c in ran]
         (directory / RESULTS_FILE).write_text("".join(json.dumps(entry(r)) + "\n" for r in results))
-        complete = len(ran) == len(cases) + 1
+        complete = len(ran) == len(cases) + len(scenarios)
         write_json(directory / "report.json", {"state": "done", "complete": complete, "campaign": plan.record(),
                                                "interrupted": None if complete else "SIGINT",
                                                "wall_seconds": 1.0, "results": [r.to_json() for r in results]})
@@ -165,6 +180,27 @@ def test_merge_of_every_shard_is_the_whole_plan_in_plan_order(tmp_path: Path) ->
     assert int(suite.get("tests")) == 13 and int(suite.get("failures")) == 1
     assert (tmp_path / "out" / "report.html").is_file() and "merged from 3 shard(s)" in (
         tmp_path / "out" / "report.md").read_text()
+
+
+@needs_chromium
+def test_a_merged_20000_case_report_stays_small_and_pages_in_chromium(tmp_path: Path) -> None:
+    """The night's merged report: 20,000 random cases from 4 shards, one page of an index that a
+    browser pages through; the last page and a failing case's row are where they should be."""
+    shards = _write_shards(tmp_path, 4, seed=5, runs=20_000, campaign_id="night")
+    assert _merge(tmp_path / "out", *shards) == cli.EXIT_VIOLATIONS
+    merged = read_report(tmp_path / "out")
+    assert merged["cases"] == 20_000 + 2 and merged["complete"] is True
+    failing = merged["violations"]  # one a failing case (random mode may draw a case twice)
+    assert failing
+    page = tmp_path / "out" / "report.html"
+    assert page.stat().st_size < 4_000_000, "the page holds an index of the cases, not their histories"
+    pages = -(-merged["cases"] // PAGE_SIZE)
+    last = dom_of(page, f"#list=all&page={pages}")
+    assert last.one("data-pages")["attrs"]["data-pages"] == str(pages)
+    assert len(last.all("data-case-row", tag="tr")) == merged["cases"] - (pages - 1) * PAGE_SIZE
+    failures = dom_of(page, "#list=failing")
+    shown = [r["attrs"]["data-status"] for r in failures.all("data-case-row", tag="tr")]
+    assert shown and set(shown) == {"violation"} and len(shown) == min(len(failing), PAGE_SIZE)
 
 
 def test_merge_of_partial_shards_is_partial_and_says_so(tmp_path: Path) -> None:
