@@ -2,6 +2,19 @@
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
+
+
+class UsageError(Exception):
+    """Bad arguments or input: the verb prints one line on stderr and exits 2."""
+
+
+class RaisingParser(argparse.ArgumentParser):
+    """An argument parser whose errors raise UsageError instead of exiting, so every verb reports
+    bad arguments the way it reports bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
 
 
 def positive_int(text: str) -> int:

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
-from supervisor.argtypes import positive_int
+from supervisor.argtypes import RaisingParser as _Parser
+from supervisor.argtypes import UsageError, positive_int
 from supervisor.chaos.generator import MODES
 from supervisor.chaos.nemesis import FAULT_OPTIONS
 from supervisor.chaos.scenarios import SCENARIOS
@@ -45,17 +46,8 @@ EXIT_INTERRUPTED = 3  # stopped by SIGINT/SIGTERM (supervisor.chaos.live); a mer
 DURABILITY_TARGETS = ("langgraph",)
 
 
-class UsageError(Exception):
-    pass
-
-
 class Interrupted(Exception):
     """A campaign was stopped by a signal and wrote its partial report: no further campaign runs."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
 
 
 def _shard(text: str) -> tuple[int, int]:

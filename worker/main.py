@@ -34,6 +34,7 @@ from typing import Any, NoReturn, Sequence
 from hermes import probes
 from hermes.ids import session_id_argument
 from hermes.json_logs import JsonLines
+from hermes.text_files import UnreadableText, read_utf8
 from worker import targets
 from worker.link import ProbeWiring, SupervisorLink
 from worker.protocol import EXIT_OK, EXIT_TURN_FAILED, EXIT_USAGE, KILL_MODES, Channel, ChannelClosed, KillPlan
@@ -119,13 +120,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _read_text(path: Path, what: str) -> str:
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        return read_utf8(path, what)
+    except UnreadableText as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _read_api_key(path: Path) -> str:

@@ -34,23 +34,18 @@ import stat
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Sequence
 
 from hermes.ids import session_id_argument
-from supervisor.argtypes import positive_int, seconds
+from hermes.text_files import UnreadableText, read_utf8
+from supervisor.argtypes import RaisingParser as _Parser
+from supervisor.argtypes import UsageError, positive_int, seconds
 
 PROG = "hermes-supervisor"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FINISHED, EXIT_UNKNOWN = 0, 1, 2, 3, 4
 COMMANDS = ("serve", "submit", "status", "result")
 
 
-class UsageError(Exception):
-    """Bad arguments: one line on stderr, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
 
 
 def _turn_id(value: str) -> str:
@@ -186,13 +181,9 @@ def _serve_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _read_system_prompt(path: Path) -> str:
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"--system-prompt-file {path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"--system-prompt-file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        return read_utf8(path, "--system-prompt-file")
+    except UnreadableText as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _api_key(settings: dict[str, Any]) -> tuple[str | None, Path | None]:
