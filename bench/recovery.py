@@ -5,7 +5,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,12 +49,21 @@ class _Arrivals:
                 self.cond.wait(left)
 
 
+# Where a recovery's time goes: each stage ends at a moment the supervisor sees (the reaper's wait
+# returning, the spawn returning, a message of the resumed worker arriving, its request arriving).
+STAGES = (("kill -> reaped", "reaped"), ("reaped -> forked", "spawned"), ("forked -> worker running", "hello"),
+          ("running -> resume begins (open, lease)", "resume.begin"),
+          ("resume begins -> tool block reconciled", "resume.reconciled"),
+          ("reconciled -> model request built", "model.request"), ("request built -> at the server", "arrived"))
+
+
 @dataclass
 class RecoverySample:
     kill_to_request_ms: float
     worker_rss_mib: float | None
     worker_uss_mib: float | None
     resumed_ok: bool
+    marks_ms: dict[str, float] = field(default_factory=dict)  # moment -> ms after the kill (see STAGES)
 
 
 def worker_args(db: Path, ledger: Path, base_url: str, command: str, extra: list[str]) -> list[str]:
@@ -72,9 +81,12 @@ def recovery_cycle(pool: Any, work: Path, base_url: str, arrivals: _Arrivals,
     kill_time: list[float] = []
     rss: list[tuple[float | None, float | None]] = []
     outcome: list[dict[str, Any]] = []
+    marks: dict[str, float] = {}
 
     def on_message(proc: Any, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
+        if proc.incarnation == 2 and kind in ("hello", "probe"):
+            marks.setdefault("hello" if kind == "hello" else str(msg.get("name")), time.monotonic())
         if kind in ("ui", "effect"):
             proc.send({"type": "ack", "seq": msg["seq"]})
         elif kind == "probe" and msg.get("kill"):
@@ -96,7 +108,9 @@ def recovery_cycle(pool: Any, work: Path, base_url: str, arrivals: _Arrivals,
         first.wait(10)
         raise RuntimeError(f"the worker never reached {RECOVERY_KILL_AT}")
     first.wait(timeout)  # the reaper saw it die
+    marks["reaped"] = time.monotonic()
     second = pool.spawn(worker_args(db, ledger, base_url, "resume", []), incarnation=2, on_message=on_message)
+    marks["spawned"] = time.monotonic()
     arrived = arrivals.first_after(kill_time[0], timeout)
     if not second.wait(timeout):
         second.kill("bench-timeout")
@@ -104,7 +118,21 @@ def recovery_cycle(pool: Any, work: Path, base_url: str, arrivals: _Arrivals,
     if arrived is None:
         raise RuntimeError("the resumed worker never sent its model request")
     ok = bool(outcome) and outcome[-1].get("outcome") == "completed"
-    return RecoverySample((arrived - kill_time[0]) * 1000, *rss[0], ok)
+    marks["arrived"] = arrived
+    return RecoverySample((arrived - kill_time[0]) * 1000, *rss[0], ok,
+                          {name: (t - kill_time[0]) * 1000 for name, t in marks.items()})
+
+
+def stage_medians(samples: list[RecoverySample]) -> list[tuple[str, float | None]]:
+    """Each stage's median duration (ms) over the samples that saw both of its ends."""
+    out: list[tuple[str, float | None]] = []
+    start = "kill"
+    for label, end in STAGES:
+        spans = [s.marks_ms[end] - (s.marks_ms[start] if start != "kill" else 0.0)
+                 for s in samples if end in s.marks_ms and (start == "kill" or start in s.marks_ms)]
+        out.append((label, median(spans) if spans else None))
+        start = end
+    return out
 
 
 def _rss_of(pid: int) -> tuple[float | None, float | None]:
@@ -150,6 +178,10 @@ def bench_recovery(report: Report, bench_dir: Path, fork_runs: int, fresh_runs: 
         note += f"; {bad} resumed turn(s) did not complete"
     report.add(Figure("recovery: kill -> resumed model request, fork server", f_ms, "ms", r_ms,
                       ratio=f_ms / r_ms, target="<= 10 ms", passed=f_ms <= 10.0 and not bad, note=note))
+    for label, ms in stage_medians(fork):
+        # The profile behind the target: each stage's median against the whole cycle's.
+        report.add(Figure(f"recovery stage: {label}", ms, "ms", f_ms, ratio=ms / f_ms if ms is not None else None,
+                          target="(informative)", note="fork server; stages end where the supervisor sees them"))
     report.add(Figure("recovery: fresh interpreter vs fork server", r_ms, "ms", f_ms,
                       ratio=r_ms / f_ms, target=">= 40x", passed=r_ms / f_ms >= 40.0,
                       note="the same cycle through Pool(forkserver=False): a new `python -m worker` per resume"))

@@ -38,7 +38,8 @@ def test_quick_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
     header = next((line for line in lines if line.startswith("figure")), None)
     assert header is not None and header.split() == ["figure", "value", "reference", "ratio", "target", "result"], out
     rows = lines[lines.index(header) + 2:]
-    for name in ("flush 1 msg", "resume:", "recovery:", "pool floor:", "campaign single-tool",
+    for name in ("flush 1 msg", "resume:", "recovery:", "recovery stage: kill -> reaped",
+                 "recovery stage: request built -> at the server", "pool floor:", "campaign single-tool",
                  "campaign single-tool: CPU per case, workers", "supervisor RSS"):
         assert any(row.startswith(name) for row in rows), f"no {name!r} row in:\n{out}"
     assert any(row.startswith(("daemon:", "upstream")) for row in rows), out
