@@ -63,7 +63,7 @@ class RecoverySample:
     worker_rss_mib: float | None
     worker_uss_mib: float | None
     resumed_ok: bool
-    marks_ms: dict[str, float] = field(default_factory=dict)  # moment -> ms after the kill (see STAGES)
+    marks_ms: dict[str, float] = field(default_factory=dict)  # moment -> ms after the kill ("kill": 0; see STAGES)
 
 
 def worker_args(db: Path, ledger: Path, base_url: str, command: str, extra: list[str]) -> list[str]:
@@ -118,7 +118,7 @@ def recovery_cycle(pool: Any, work: Path, base_url: str, arrivals: _Arrivals,
     if arrived is None:
         raise RuntimeError("the resumed worker never sent its model request")
     ok = bool(outcome) and outcome[-1].get("outcome") == "completed"
-    marks["arrived"] = arrived
+    marks["kill"], marks["arrived"] = kill_time[0], arrived
     return RecoverySample((arrived - kill_time[0]) * 1000, *rss[0], ok,
                           {name: (t - kill_time[0]) * 1000 for name, t in marks.items()})
 
@@ -128,8 +128,7 @@ def stage_medians(samples: list[RecoverySample]) -> list[tuple[str, float | None
     out: list[tuple[str, float | None]] = []
     start = "kill"
     for label, end in STAGES:
-        spans = [s.marks_ms[end] - (s.marks_ms[start] if start != "kill" else 0.0)
-                 for s in samples if end in s.marks_ms and (start == "kill" or start in s.marks_ms)]
+        spans = [s.marks_ms[end] - s.marks_ms[start] for s in samples if start in s.marks_ms and end in s.marks_ms]
         out.append((label, median(spans) if spans else None))
         start = end
     return out
