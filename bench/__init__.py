@@ -23,7 +23,8 @@ load hit both sides alike.
                  model request arriving at the scripted model server, through Pool(forkserver=True)
                  against Pool(forkserver=False).
     campaign     exhaustive chaos cases per second per scenario (Campaign in-process, jobs=2);
-                 reference: no-op worker cycles per second through the same kind of pool.
+                 reference: no-op worker cycles per second through the same kind of pool; the
+                 demo's whole campaign (every scenario at once) against that floor; upstream's.
     daemon       turns per second and p50/p99 latency through `hermes-supervisor serve`.
     memory       supervisor RSS at 10%, 50%, 100% of a random campaign; worker RSS.
 

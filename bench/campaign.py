@@ -1,8 +1,9 @@
 """campaign: exhaustive chaos cases per second, against no-op worker cycles through the same pool.
 
 Also: the pool's floor (no-op worker cycles per second) against bare fork()s of this process,
-where a campaign's CPU goes per case (template, workers, supervisor, checker), and upstream
-hermes-agent's exhaustive campaign against ours on the same scenarios.
+where a campaign's CPU goes per case (template, workers, supervisor, checker), the demo's whole
+campaign against that floor, and upstream hermes-agent's exhaustive campaign against ours on the
+same scenarios.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from bench.recovery import worker_args
 from bench.table import Figure, Report, median
 from hermes.state import SessionDB
 from supervisor.chaos.campaign import Campaign, CampaignConfig
-from supervisor.chaos.scenarios import SESSION
+from supervisor.chaos.scenarios import SCENARIOS, SESSION
 from supervisor.procs.pool import Pool
 from supervisor.targets import TARGETS
 
@@ -29,6 +30,7 @@ FLOOR_TARGET = 250.0    # no-op worker cycles/s, jobs=2
 CYCLES_TARGET = 60.0    # single-tool campaign cycles/s once warm
 FLOOR_SHARE = 0.5       # ... and at least this share of the floor
 UPSTREAM_WALL_S = 60.0  # upstream's exhaustive single-tool + writes campaign, whole
+DEMO_WALL_S = 10.0      # `./scripts/demo`'s campaign: every scenario, exhaustive, template start included
 UPSTREAM_SCENARIOS = ["single-tool", "writes"]
 
 
@@ -224,7 +226,25 @@ def bench_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: 
                               note="from Campaign.run() to the first verdict: the template's interpreter start, "
                                    "imports and warm-up, then one cycle"))
             _cpu_split(report, run.cpu)
+    bench_demo_campaign(report, bench_dir, scenarios, jobs, limit, reference)
     bench_upstream_campaign(report, bench_dir, jobs, upstream_limit)
+
+
+def bench_demo_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: int, limit: int | None,
+                        floor: float) -> None:
+    """The campaign `./scripts/demo` runs (every scenario, exhaustive, one pool), whole: what a new
+    user waits for. Reference: the same number of cycles at the pool's no-op floor."""
+    run = _campaign(bench_dir, scenarios, jobs, limit)
+    n = len(run.results)
+    at_floor = n / floor
+    whole = limit is None and len(scenarios) == len(SCENARIOS)
+    bad = sum(r.verdict.valid is not True for r in run.results)
+    kinds = f"{len(scenarios)} scenario" + ("s" if len(scenarios) != 1 else "")
+    report.add(Figure(f"campaign demo ({kinds}, exhaustive): wall", run.wall, "s", at_floor,
+                      ratio=run.wall / at_floor, target=f"<= {DEMO_WALL_S:.0f} s" if whole else "(informative)",
+                      passed=(run.wall <= DEMO_WALL_S and not bad) if whole else None,
+                      note=f"{n} cases, jobs={jobs}, template start included, {bad} not valid; reference: {n} no-op "
+                           f"cycles at the pool floor above" + ("" if whole else "; not the demo's whole campaign")))
 
 
 def _campaign(bench_dir: Path, scenarios: list[str], jobs: int, limit: int | None,

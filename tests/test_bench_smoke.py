@@ -40,7 +40,7 @@ def test_quick_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
     rows = lines[lines.index(header) + 2:]
     for name in ("flush 1 msg", "resume:", "recovery:", "recovery stage: kill -> reaped",
                  "recovery stage: request built -> at the server", "pool floor:", "campaign single-tool",
-                 "campaign single-tool: CPU per case, workers", "supervisor RSS"):
+                 "campaign single-tool: CPU per case, workers", "campaign demo", "supervisor RSS"):
         assert any(row.startswith(name) for row in rows), f"no {name!r} row in:\n{out}"
     assert any(row.startswith(("daemon:", "upstream")) for row in rows), out
     assert "error" not in " ".join(row.split("  ")[0] for row in rows), out  # no section crashed

@@ -110,6 +110,9 @@ def test_a_changed_upstream_count_changes_the_upstream_block() -> None:
                 changed = copy.deepcopy(stored)
                 changed["campaigns"][mode][target][key] += 1
                 assert figures.render_upstream(changed) != block, (mode, target, key)
+        changed = copy.deepcopy(stored)
+        changed["load_1m"][mode][1] += 1  # each mode's wall times are shown with the load they ran at
+        assert figures.render_upstream(changed) != block, (mode, "load_1m")
 
 
 def test_the_targets_block_is_generated_from_the_stored_campaigns() -> None:
