@@ -315,6 +315,12 @@ def upstream_block() -> str:
     return render_upstream(json.loads(UPSTREAM_STORE.read_text(encoding="utf-8")))
 
 
+def with_stored_blocks(text: str) -> str:
+    """`text` with its upstream and targets blocks rendered from their stores."""
+    text = text.replace(read_upstream_block(text), upstream_block(), 1)
+    return text.replace(target_figures.read_block(text), target_figures.block(), 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group()
@@ -325,19 +331,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the campaigns (all, or the named modes) against upstream hermes-agent and ours, "
                              "store them, render the block")
     args = parser.parse_args(argv)
-    text = README.read_text(encoding="utf-8")
     if args.store_upstream is not None:
         store_upstream(args.store_upstream)
-        README.write_text(text.replace(read_upstream_block(text), upstream_block(), 1), encoding="utf-8")
+        # Read after the long runs: an edit made meanwhile must not be lost.
+        README.write_text(with_stored_blocks(README.read_text(encoding="utf-8")), encoding="utf-8")
         return 0
+    text = README.read_text(encoding="utf-8")
     if args.check and read_upstream_block(text) != upstream_block():
         print("README's upstream block differs from docs/figures/upstream.json: run `python scripts/readme_figures.py`")
         return 1
     if args.check and target_figures.read_block(text) != target_figures.block():
         print("README's targets block differs from docs/figures/targets.json: run `python scripts/readme_figures.py`")
         return 1
-    text = text.replace(read_upstream_block(text), upstream_block(), 1)
-    text = text.replace(target_figures.read_block(text), target_figures.block(), 1)
+    text = with_stored_blocks(text)
     chaos = chaos_figures()
     if chaos["violations"] or chaos["unfired"]:
         print(f"warning: the campaign did not pass (exit {chaos['exit']})", file=sys.stderr)
@@ -351,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         same = normalize(current_chaos) == normalize(split_block(block)[0]) and bench_part_ok(current_bench)
         print("README figures are current" if same else f"README figures differ from a fresh run:\n{block}")
         return 0 if same else 1
-    README.write_text(replace_block(text, block), encoding="utf-8")
+    # Read again: the bench takes minutes, and an edit made meanwhile must not be lost.
+    README.write_text(replace_block(with_stored_blocks(README.read_text(encoding="utf-8")), block), encoding="utf-8")
     print(block)
     return 0
 
