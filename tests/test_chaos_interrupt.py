@@ -33,8 +33,10 @@ WAIT_S = 120.0  # an upper bound for a line to come, never a delay
 class Running:
     """A campaign in its own session, its stdout and stderr read line by line as they come."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, tmp: Path | None = None) -> None:
         env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(REPO))
+        if tmp is not None:
+            env["TMPDIR"] = str(tmp)  # what a campaign quitting at once leaves stays in the test's directory
         self.proc = subprocess.Popen([sys.executable, "-m", "supervisor", "chaos", *args], cwd=REPO, env=env,
                                      text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
@@ -157,8 +159,10 @@ def test_sigint_at_random_moments_leaves_a_valid_partial_report(tmp_path: Path) 
 def test_a_second_sigint_exits_at_once_and_leaves_the_record_whole(tmp_path: Path) -> None:
     for attempt in range(3):
         report, history = tmp_path / f"report-{attempt}", tmp_path / f"history-{attempt}.jsonl"
+        scratch = tmp_path / f"tmp-{attempt}"
+        scratch.mkdir()
         run = Running("--scenario", "writes", "--probe", "flush.committed", "--probe", "tool.dispatch.after",
-                      "--jobs", "2", "--verbose", "--report", str(report), "--history", str(history))
+                      "--jobs", "2", "--verbose", "--report", str(report), "--history", str(history), tmp=scratch)
         try:
             assert run.wait_for("out", lambda lines: len(finished(lines)) >= 2), run.output()
             run.proc.send_signal(signal.SIGINT)
@@ -177,7 +181,9 @@ def test_a_second_sigint_exits_at_once_and_leaves_the_record_whole(tmp_path: Pat
             check_report(report, finished(run.lines["out"]), code)  # the first stop was over before the second
             continue
         assert code == 128 + signal.SIGINT, run.output()
-        assert any("quitting at once" in line for line in run.lines["err"]), run.output()
+        quit_line = next((line for line in run.lines["err"] if "quitting at once" in line), "")
+        left = [d for d in scratch.iterdir() if d.name.startswith("hermes-chaos-")]
+        assert len(left) == 1 and f"the case directories are left in {left[0]}" in quit_line, run.output()
         workers = [psutil.Process(pid) for pid in alive(worker_pids(history))]
         _, running = psutil.wait_procs(workers, timeout=WAIT_S)  # SIGKILLed by pid: only their reaping is left
         assert not alive([(p.pid, p.create_time()) for p in running])

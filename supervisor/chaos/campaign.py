@@ -135,8 +135,16 @@ class Campaign:
                 self._server = None
             if self.history is not None:
                 self.history.close()
-            if self._root is not None and not self.config.keep and self.config.workdir is None:
-                shutil.rmtree(self._root, ignore_errors=True)
+            if self.scratch_dir is not None:
+                shutil.rmtree(self.scratch_dir, ignore_errors=True)
+
+    @property
+    def scratch_dir(self) -> Path | None:
+        """The working directory this campaign made for itself and removes when it closes (None
+        when the user named one with --workdir or asked to keep the cases)."""
+        if self._root is None or self.config.keep or self.config.workdir is not None:
+            return None
+        return self._root
 
     def run_case(self, case: Case, keep_trace: bool = False) -> CaseResult | None:
         """Run one case (the campaign must be open); None when the campaign stopped before or

@@ -18,7 +18,8 @@ usual, marked `"complete": false` with the planned cases that did not run; the c
 exits with EXIT_INTERRUPTED. A second one exits at once (128 + the signal's number) after
 SIGKILLing the live workers: results.jsonl holds every case finished until then, and report.json
 is the running one (or the final one, whole); `hermes-supervisor merge OUT DIR` makes a complete
-partial report of them.
+partial report of them. The campaign's own temporary working directory is not removed then (its
+workers may still be dying in it); the message names it.
 """
 from __future__ import annotations
 
@@ -247,8 +248,10 @@ class Interrupts:
                 # Not here: the handler runs in the main thread, which may hold a lock stop() takes.
                 threading.Thread(target=campaign.stop, args=(name,), daemon=True, name="stop").start()
             return
+        scratch = campaign.scratch_dir if campaign is not None else None
         _say(f"hermes-supervisor: {name} again: quitting at once; the finished cases are in {RESULTS_FILE} "
-             f"(hermes-supervisor merge OUT DIR makes a report of them)\n")
+             f"(hermes-supervisor merge OUT DIR makes a report of them)"
+             + (f"; the case directories are left in {scratch}" if scratch is not None else "") + "\n")
         if campaign is not None:
             campaign.pool.kill_now("exit")
         os._exit(128 + signum)
