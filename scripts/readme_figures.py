@@ -214,8 +214,14 @@ def store_upstream(modes: list[str]) -> dict[str, Any]:
 
     installed = version("hermes-agent")
     stored: dict[str, Any] = {"campaigns": {}, "load_1m": {}}
-    if modes and UPSTREAM_STORE.exists():
-        stored = json.loads(UPSTREAM_STORE.read_text(encoding="utf-8"))
+    if modes:
+        # Checked before the long runs, not after: the block needs every mode, and one version.
+        stored = json.loads(UPSTREAM_STORE.read_text(encoding="utf-8")) if UPSTREAM_STORE.exists() else stored
+        loads = stored.get("load_1m") if isinstance(stored.get("load_1m"), dict) else {}  # older stores: one pair
+        missing = [m for m, _ in UPSTREAM_MODES if m not in modes and (m not in stored["campaigns"] or m not in loads)]
+        if missing:
+            raise RuntimeError(f"the store has no {', '.join(missing)}: name it too, or measure every mode "
+                               "(--store-upstream with no mode)")
         if stored.get("hermes_agent") != installed:
             raise RuntimeError(f"the store holds hermes-agent {stored.get('hermes_agent')}, {installed} is installed: "
                                "measure every mode again (--store-upstream with no mode)")
