@@ -1,6 +1,6 @@
-"""Naming a failed write: which of the documented causes it was, and what a person should do.
+"""Naming a failed write or read: which of the documented causes it was, and what a person should do.
 
-A turn whose flush fails ends closed with
+A turn whose flush fails, or whose recovery cannot read the durable state, ends closed with
 ``failure_reason == "session_persistence_failed:<cause>"``; the cause comes from
 :func:`classify` and the person-readable ``error`` from :func:`describe`.
 """
@@ -53,6 +53,12 @@ def session_row_missing(detail: object) -> bool:
     return any(marker in text for marker in _MISSING_SESSION_MARKERS)
 
 
+def _io_error(detail: object) -> bool:
+    """Whether a failure's message names an I/O error (SQLITE_IOERR) rather than a full file system."""
+    text = str(detail or "").lower()
+    return "i/o error" in text and "full" not in text
+
+
 def _directory_is_readonly(db_path: object) -> bool:
     """Whether new files cannot be made next to `db_path` (read-only mount, immutable or
     non-writable directory): then SQLite cannot create the WAL files it needs to open."""
@@ -66,7 +72,7 @@ def _directory_is_readonly(db_path: object) -> bool:
 
 
 def classify(exc: BaseException | None, db_path: object = None) -> str:
-    """Map an exception raised by a write (or by opening `db_path`) to one of `CAUSES`."""
+    """Map an exception raised by a write, a read (or by opening `db_path`) to one of `CAUSES`."""
     if exc is None:
         return "unknown"
     text = str(exc).lower()
@@ -107,11 +113,17 @@ def describe(cause: str, detail: str | None = None, db_path: object = None) -> s
                     "recover it with `sqlite3 FILE .recover`, then retry."),
         "lease": (f"Another worker took over this session{where}, so this one may no longer write to it. "
                   f"{closed} Nothing needs doing: the newer worker owns the turn."),
-        "unknown": (f"The turn's messages could not be saved to the session database{where}, and the "
-                    f"storage layer did not say why. {closed} Check the logs and retry the turn."),
+        "unknown": (f"The turn's messages could not be saved to, or read from, the session database{where}, "
+                    f"and the storage layer did not say why. {closed} Check the logs and retry the turn."),
     }.get(cause)
     if text is None:
         raise ValueError(f"unknown persistence failure cause {cause!r}")
+    if cause == "disk" and _io_error(detail):
+        # The same cause (SQLITE_IOERR is a storage fault like a full disk), but not "free space".
+        text = (f"The session database{where} could not be read or written: the operating system reported an "
+                f"I/O error (a failing disk or file system, or one that has filled up). {closed} Check the "
+                "storage (the kernel log, free space) or move the database to storage that works, then retry "
+                "the turn.")
     if cause == "unknown" and session_row_missing(detail):
         text = (f"This session's row is missing from the session database{where}: another process deleted "
                 f"it while the turn was running, so nothing more of the turn could be saved. {closed} "

@@ -12,19 +12,27 @@ the dispatch intent and the result row:
 
 Then the turn goes on to its final answer. Reconciling only appends rows (or fills
 a blank assistant row); it never rewrites a row it did not append.
+
+Everything recovery decides from is read before it acts. A read that fails (a corrupt page,
+a lock held past the busy budget, an I/O error) ends the turn closed exactly as a failed
+write does, ``session_persistence_failed:<cause>``: nothing is shown, run or written after
+it, and the turn stays 'running' for a recovery on working storage to finish.
 """
 from __future__ import annotations
 
 import json
+import sqlite3
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hermes import probes
 from hermes.tools import IDEMPOTENT
 from hermes.transcript import is_final_answer, make_tool_result_message, trailing_tool_block
+from hermes.turn import Turn
 
 if TYPE_CHECKING:
     from hermes.runner import AIAgent
+    from hermes.state import SessionDB
 
 # The result of a call that was dispatched and never reported back: written by recovery for an
 # at_most_once call whose process died, and by the executors for a call their turn's
@@ -44,13 +52,19 @@ def resume_interrupted_turn(agent: "AIAgent", *, system_message: str | None = No
     if db is None:
         raise ValueError("resuming needs a SessionDB: the interrupted turn is read from it")
     probes.fire("resume.begin", session=agent.session_id)
-    record = db.running_turn(agent.session_id)
-    if record is None:
-        return None
-    turn = agent.start_turn(record["id"], resumed=True)
+    turn_id = None
+    try:
+        record = db.running_turn(agent.session_id)
+        if record is None:
+            return None
+        turn_id = record["id"]
+        messages = db.load_live_messages(agent.session_id)
+        intents = _dispatch_intents(db, agent.session_id, turn_id, messages)
+    except sqlite3.Error as exc:
+        return Turn(agent, turn_id).read_failed_result(exc)
+    turn = agent.start_turn(turn_id, resumed=True)
     user_message = record["user_text"] or ""
     effective_task_id = task_id or f"resume-{turn.id}"
-    messages = db.load_live_messages(agent.session_id)
 
     last = messages[-1] if messages else None
     if last is not None and is_final_answer(last) and last.get("_turn_id") == turn.id:
@@ -60,21 +74,31 @@ def resume_interrupted_turn(agent: "AIAgent", *, system_message: str | None = No
         return turn.result(messages, final_response=last["content"], completed=True,
                            exit_reason="text_response(final)", api_calls=0)
 
-    if not _reconcile_tool_block(agent, messages, effective_task_id):
+    if not _reconcile_tool_block(agent, messages, intents, effective_task_id):
         return turn.persistence_failed_result(messages, 0)
     probes.fire("resume.reconciled", **turn.probe_ids(action="continue"))
     return agent.continue_turn(messages, system_message=system_message, task_id=effective_task_id,
                                user_message=user_message)
 
 
-def _reconcile_tool_block(agent: "AIAgent", messages: list[dict[str, Any]], task_id: str) -> bool:
+def _dispatch_intents(db: "SessionDB", session_id: str, turn_id: str,
+                      messages: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The turn's dispatch intents by tool_call_id, read only when the transcript ends in a tool block."""
+    block, _answered = trailing_tool_block(messages)
+    if block is None:
+        return {}
+    return {d["tool_call_id"]: d for d in db.get_dispatches(session_id, turn_id)}
+
+
+def _reconcile_tool_block(agent: "AIAgent", messages: list[dict[str, Any]],
+                          intents: dict[str, dict[str, Any]], task_id: str) -> bool:
     """Give each unanswered call of the trailing tool block its result (the table in the module
-    docstring). False when a write failed and the turn ended closed."""
+    docstring; `intents`: the turn's dispatch intents by tool_call_id). False when a write failed
+    and the turn ended closed."""
     turn = agent.turn
     block, answered = trailing_tool_block(messages)
     if block is None:
         return True
-    intents = {d["tool_call_id"]: d for d in turn.db.get_dispatches(agent.session_id, turn.id)}
     for call in block["tool_calls"]:
         if call["id"] in answered:
             continue

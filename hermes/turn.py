@@ -6,8 +6,8 @@ executors (``hermes.executor``), the finalizer (``hermes.finalizer``) and recove
 
 - its ids, and what a probe or a tool is told (``probe_ids``, ``idempotency_key``);
 - durability: committing its messages (``begin``, ``flush``), its dispatch intents
-  (``record_intents``), and the first failed write, which closes the turn
-  (``persistence_failed``, ``failure_cause``);
+  (``record_intents``), and the first failed write (or recovery's failed read), which closes
+  the turn (``persistence_failed``, ``failure_cause``);
 - UI projection: interim text, tool completions, streamed text and how a stream ends;
 - tool dispatch, on the calling thread (``dispatch``) or a pool thread (``invoke``);
 - the turn's result.
@@ -284,6 +284,14 @@ class Turn:
         return self.result(messages, final_response=None, completed=False, exit_reason=PERSISTENCE_FAILED,
                            api_calls=api_calls, failure_reason=f"{PERSISTENCE_FAILED}:{cause}",
                            error=persistence_failure.describe(cause, detail, db_path))
+
+    def read_failed_result(self, exc: BaseException) -> dict[str, Any]:
+        """Recovery could not read the durable state (it reads before it acts): the turn ends closed
+        exactly as after a failed write. Nothing was shown, run or written after the read, and no
+        failure is recorded now (storage that just failed is not asked to write): the turn stays as
+        it is durably, for a recovery on working storage to finish."""
+        self.note_failure(exc)
+        return self.persistence_failed_result([], 0)
 
     def failed_result(self, messages: list[dict[str, Any]], api_calls: int, exit_reason: str,
                       failure_reason: str, error: str) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 The worker claims the session (a new fencing lease, so an older worker still running it can
 write nothing more), finishes an interrupted turn first, and only then runs the new message.
-Storage that fails even at open ends the command with the named persistence failure; a path
-that is no usable database, or an unknown session, is a usage error.
+Storage that fails at open, while the session is claimed or while the worker reads it ends the
+command with the named persistence failure, like a failed write inside the turn; a path that
+is no usable database, or an unknown session, is a usage error.
 """
 from __future__ import annotations
 
@@ -41,10 +42,9 @@ def execute(args: argparse.Namespace, link: SupervisorLink | None, report: Repor
     try:
         db.create_session(args.session, source="worker", model=args.model, system_prompt=args.system_prompt)
         db.acquire_lease(args.session, owner=f"pid:{os.getpid()}:inc:{args.incarnation}")
-    except sqlite3.Error as exc:
-        out = _storage_failure(args, exc)
-    else:
         out = _run_command(args, db, _build_agent(args, db, link))
+    except sqlite3.Error as exc:  # claiming or reading the session (a turn's own failures end closed inside)
+        out = _storage_failure(args, exc)
     code = report(out)
     db.close()
     ledger.close()
@@ -69,7 +69,8 @@ def _open_db(args: argparse.Namespace) -> SessionDB:
 
 
 def _storage_failure(args: argparse.Namespace, exc: Exception) -> dict[str, Any]:
-    """The outcome of a worker that could not even claim its session (e.g. the database is locked)."""
+    """The outcome of a worker that could not claim or read its session (e.g. the database is locked):
+    failed, as a turn whose write failed is, and nothing written to say so (the storage just failed)."""
     cause = persistence_failure.classify(exc, args.db)
     detail = None if cause == "locked" else str(exc)
     return {"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
