@@ -134,6 +134,18 @@ class Ledger:
 
         return self._retry_busy(read)
 
+    def applied(self) -> list[dict[str, Any]]:
+        """Every applied keyed write (table `kv`), in the order applied. A ledger made before
+        that table existed raises sqlite3.OperationalError ("no such table"): the caller must
+        not read that as "nothing was applied"."""
+        def read() -> list[dict[str, Any]]:
+            cursor = self._conn.execute("SELECT idempotency_key, key, value, applied_at FROM kv "
+                                        "ORDER BY applied_at, rowid")
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+        return self._retry_busy(read)
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()

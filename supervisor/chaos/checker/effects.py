@@ -1,11 +1,13 @@
 """Effects: tools ran as often as the contract allows, and every durable result tells the truth.
 
-effect-semantics (counted against the effects ledger) and result-fidelity (each result
-against what its tool returns when run cleanly, and each answer against the script).
+effect-semantics (counted against the effects ledger: its executions and its applied keyed
+writes) and result-fidelity (each result against what its tool returns when run cleanly, and
+each answer against the script).
 """
 from __future__ import annotations
 
 import json
+import signal
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable, Collection, Sequence
@@ -19,6 +21,7 @@ from supervisor.chaos.checker.evidence import (
     as_durable,
     brief,
     final_answers,
+    load_applied,
     load_executions,
     of_type,
     turn_brief,
@@ -37,6 +40,7 @@ from supervisor.chaos.checker.verdict import (
 )
 from supervisor.chaos.durable import Durable
 from supervisor.chaos.scenarios import Expectation
+from supervisor.daemon.cancels import CANCELLED
 from supervisor.targets import FULL_PROMISES, Promises
 from worker.chaos_tools import clean_results
 
@@ -45,6 +49,10 @@ from worker.chaos_tools import clean_results
 # tools (read_file, ...) never touch the ledger and cannot be judged that way.
 # tests/test_checker.py keeps this in step with the chaos tool set.
 CHAOS_TOOLS = frozenset({"lookup", "slow_lookup", "set_value", "append_note", "broken_tool", "restart_agent"})
+# The chaos tools whose effect is a keyed write the ledger applies once per idempotency key
+# (table kv, `Ledger.apply_once`): for them "the write happened" can be counted, not only "the
+# tool ran".
+KEYED_WRITES = frozenset({"set_value"})
 
 
 def _call_key(session: Any, turn: Any, call_id: Any) -> tuple[str, str, str]:
@@ -98,6 +106,8 @@ def _by_call(executions: list[dict[str, Any]], d: Durable) -> tuple[
 def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
                      events: Sequence[dict[str, Any]] = (), *,
                      ledgered_tools: Collection[str] = CHAOS_TOOLS,
+                     keyed_writes: Collection[str] = KEYED_WRITES,
+                     applied: Path | Sequence[dict[str, Any]] | None = None,
                      promises: Promises = FULL_PROMISES) -> Verdict:
     """Tool effects, as counted by the effects ledger, match what the transcript claims.
 
@@ -112,10 +122,21 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
     * a result saying the call was cancelled has no execution behind it;
     * in a turn that completed ('done'), every dispatched call has a recorded result:
       an unknown outcome is written down, never dropped.
+    And per keyed write (the ledger's applied writes, table kv; tools `keyed_writes`):
+    * every idempotency key was applied at most once: two applications under one key are one
+      write done twice;
+    * in a turn that completed ('done'), every dispatched idempotent call of a keyed-write tool
+      was applied exactly once: never applied, the write was lost (recovery gave it up as
+      "outcome unknown" instead of rerunning it under its key, say); applied under several
+      keys, it was done more than once.
 
-    Without a readable ledger nothing can be counted, and the answer is unknown. For a
-    target that records no dispatch intents, "ran more often than dispatched" is a CONTRACT
-    violation (it promised none); everything else here is DAMAGE.
+    The applied writes are read from `applied`, or from `ledger` when that is a path (given
+    the executions alone and no `applied`, they are not judged). Without a readable ledger
+    nothing can be counted, and the answer is unknown; so it is when a keyed write was
+    dispatched or executed and the ledger cannot tell which writes were applied (a ledger
+    older than its kv table), unless a rule above is already broken. For a target that
+    records no dispatch intents, "ran more often than dispatched" is a CONTRACT violation (it
+    promised none); everything else here is DAMAGE.
     """
     d = as_durable(db)
     if d.error:
@@ -170,9 +191,61 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
             flag(f"call {key[2]} was dispatched in completed turn {key[1]} and its outcome was never recorded",
                  key)
 
+    if applied is None and isinstance(ledger, (str, Path)):
+        applied = ledger
+    writes = load_applied(applied) if applied is not None else None
+    not_judged = _keyed_writes(writes, keyed_writes, runs, intents, results, done_turns, flag, violations)
     counts = {"executions": len(executions), "calls_executed": len(runs), "intents": len(d.dispatches),
-              "results": sum(kinds.values()), **{f"results_{k}": n for k, n in sorted(kinds.items())}}
-    return verdict_of(EFFECT_SEMANTICS, violations, counts)
+              "results": sum(kinds.values()), **{f"results_{k}": n for k, n in sorted(kinds.items())},
+              "applied_writes": len(writes) if isinstance(writes, list) else 0}
+    return verdict_of(EFFECT_SEMANTICS, violations, counts, unknown=not_judged, reason=NO_LEDGER)
+
+
+def _keyed_writes(writes: list[dict[str, Any]] | str | None, keyed_writes: Collection[str],
+                  runs: dict[CallKey, list[dict[str, Any]]], intents: dict[CallKey, list[dict[str, Any]]],
+                  results: dict[CallKey, list[dict[str, Any]]], done_turns: set[str],
+                  flag: Callable[..., None], violations: list[Violation]) -> str | None:
+    """The keyed-write rules of effect_semantics, on the ledger's applied writes; a string when
+    they had to be judged and could not be (the applied writes cannot be read)."""
+    # Per call of a keyed-write tool: the idempotency keys it was dispatched or ran under. The
+    # tool applies under the call id when it was given no key (worker.chaos_tools.set_value).
+    calls: dict[CallKey, set[str]] = defaultdict(set)
+    for key, its in intents.items():
+        for i in its:
+            if i["tool_name"] in keyed_writes:
+                calls[key].add(i["idempotency_key"])
+    for key, done in runs.items():
+        for e in done:
+            if e["tool"] in keyed_writes:
+                calls[key].add(e["idempotency_key"] or key[2])
+    if writes is None:
+        return None  # not asked: the caller gave the executions alone
+    if isinstance(writes, str):
+        return f"{writes}: the keyed writes of {len(calls)} call(s) cannot be counted" if calls else None
+    applications: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for w in writes:
+        applications[w["idempotency_key"]].append(w)
+    for ikey, rows in applications.items():
+        if len(rows) > 1:
+            violations.append(Violation(EFFECT_SEMANTICS, f"idempotency key {ikey} was applied {len(rows)} times: "
+                                                          "one write was done more than once", {
+                "idempotency_key": ikey, "applications": rows,
+                "calls": [list(key) for key, keys in calls.items() if ikey in keys]}))
+    for key, keys in calls.items():
+        its = intents.get(key, [])
+        if key[1] not in done_turns or not its or {i["policy"] for i in its} != {IDEMPOTENT}:
+            continue
+        tool = its[0]["tool_name"]
+        applied_keys = sorted(k for k in keys if applications.get(k))
+        witness = {"idempotency_keys": sorted(keys), "applications": [w for k in applied_keys for w in applications[k]],
+                   "results": [brief(r) for r in results.get(key, [])]}
+        if not applied_keys:
+            flag(f"idempotent write {tool} of call {key[2]} in completed turn {key[1]} was never applied: "
+                 "the write was lost", key, **witness)
+        elif len(applied_keys) > 1:
+            flag(f"idempotent write {tool} of call {key[2]} in completed turn {key[1]} was applied under "
+                 f"{len(applied_keys)} idempotency keys: it was done more than once", key, **witness)
+    return None
 
 
 def _interrupted(events: Sequence[dict[str, Any]]) -> bool:
@@ -180,6 +253,31 @@ def _interrupted(events: Sequence[dict[str, Any]]) -> bool:
     paused and overtaken, or failed on its storage)? Only then may a result be unknown."""
     return any((e.get("type") == "exit" and (e.get("signal") is not None or e.get("returncode") not in (0, None)))
                or e.get("type") == "pause" for e in events)
+
+
+def _cut_off_turns(d: Durable, events: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(session, turn) of every turn an interrupt cut off: ended 'failed' with the error
+    "cancelled" (a cancel request, supervisor.daemon.cancels), or run by a worker that stopped on
+    SIGINT (a KeyboardInterrupt reached the turn, and hermes.executor answered its cut-off calls)."""
+    cancelled = {t["id"] for t in d.turns if t["state"] == "failed" and t.get("error") == CANCELLED}
+    stopped = {e.get("incarnation") for e in of_type(events, "exit") if e.get("signal") == signal.SIGINT}
+    cancelled |= {e.get("turn_id") for e in of_type(events, "spawn") if e.get("incarnation") in stopped}
+    return {(t["session_id"] or "", t["id"]) for t in d.turns if t["id"] in cancelled}
+
+
+def _unknown_refused(intents: list[dict[str, Any]], interrupted: bool, cut_off: bool) -> str | None:
+    """Why the unknown-outcome result is not allowed for a call with these dispatch intents
+    (the rules in result_fidelity's docstring); None when it is."""
+    if not intents:
+        return "it was never dispatched"
+    if cut_off:
+        return None
+    if not interrupted:
+        return "no worker of the case was interrupted"
+    if {i["policy"] for i in intents} == {IDEMPOTENT}:
+        return (f"{intents[0]['tool_name']} is idempotent: recovery must rerun it under its idempotency key "
+                f"{intents[-1]['idempotency_key']!r} (attempt {len(intents) + 1}), not give it up as unknown")
+    return None
 
 
 def _requested_calls(d: Durable) -> dict[tuple[str, str, str], tuple[str, Any]]:
@@ -209,8 +307,14 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
     Each original tool row equals, character for character, a result its tool returns for
     the call's arguments when run cleanly (`oracle`, the chaos tools' own result builders),
     unless it is a result the contract allows for that call:
-    * the unknown-outcome result, when the call's dispatch intent is durable and some worker
-      of the case was interrupted (killed, overtaken, or failed on storage);
+    * the unknown-outcome result, when the call's dispatch intent is durable, its policy is
+      `at_most_once`, and some worker of the case was interrupted (killed, overtaken, or
+      failed on storage). An `idempotent` call left with an intent and no result is rerun by
+      recovery under the same idempotency key, so it must end with a clean result: the
+      unknown outcome is allowed for it only when its turn's interrupt cut it off, that is
+      when the turn ended 'failed' with the error "cancelled" (a cancel request) or a worker
+      running that turn stopped on SIGINT (KeyboardInterrupt: hermes.executor answers the
+      calls such an interrupt cuts off with the unknown outcome);
     * the cancelled result, when no dispatch intent was ever recorded (the call never started).
     A harness or runtime error disguised as a tool result (a lost ledger write, a tool that
     crashed on the harness's own bug) fails here with the row and the clean results as witness.
@@ -222,8 +326,11 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
     if d.error:
         return unreadable(RESULT_FIDELITY, d)
     requested = _requested_calls(d)
-    intents = {_call_key(i["session_id"], i["turn_id"], i["tool_call_id"]) for i in d.dispatches}
+    intents: dict[CallKey, list[dict[str, Any]]] = defaultdict(list)
+    for i in d.dispatches:
+        intents[_call_key(i["session_id"], i["turn_id"], i["tool_call_id"])].append(i)
     interrupted = _interrupted(events)
+    cut_off = _cut_off_turns(d, events)
     violations: list[Violation] = []
     judged = unjudged = allowed = 0
     for row in d.rows:
@@ -232,14 +339,18 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
         key = _call_key(row["session_id"], row["turn_id"], row["tool_call_id"])
         content = row["content"]
         name, arguments = requested.get(key, (row.get("name"), None))
+        judgeable = name is not None and key in requested and isinstance(arguments, dict)
+        expected = oracle(name, arguments) if judgeable else None
         witness = {"row_id": row["id"], "row": brief(row), "tool": name, "arguments": arguments}
         if content == UNKNOWN_OUTCOME:
-            if key in intents and interrupted:
+            why = _unknown_refused(intents.get(key, []), interrupted, key[:2] in cut_off)
+            if why is None:
                 allowed += 1
             else:
-                why = "it was never dispatched" if key not in intents else "no worker of the case was interrupted"
                 violations.append(Violation(RESULT_FIDELITY, f"call {key[2]} is recorded with an unknown outcome, "
-                                                             f"but {why}", witness))
+                                                             f"but {why}", dict(
+                    witness, intents=intents.get(key, []),
+                    **({"clean_results": sorted(expected)} if expected is not None else {}))))
             continue
         if isinstance(content, str) and content.startswith(CANCELLED_RESULT):
             if key in intents:
@@ -248,8 +359,6 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
             else:
                 allowed += 1
             continue
-        judgeable = name is not None and key in requested and isinstance(arguments, dict)
-        expected = oracle(name, arguments) if judgeable else None
         if expected is None:
             unjudged += 1
             continue

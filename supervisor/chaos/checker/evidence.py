@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from hermes.transcript import is_final_answer
 from supervisor.chaos.checker.verdict import UNREADABLE, Verdict, unknown_verdict
@@ -27,12 +27,10 @@ def unreadable(name: str, d: Durable) -> Verdict:
     return unknown_verdict(name, f"cannot read {d.path}: {d.error}", UNREADABLE)
 
 
-def load_executions(ledger: Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | str:
-    """The ledger's execution rows, or a string saying why there are none to judge by."""
-    if ledger is None:
-        return "no effects ledger was given"
-    if not isinstance(ledger, (str, Path)):
-        return list(ledger)
+def _read_ledger(ledger: Path | str, what: str,
+                 read: Callable[[Ledger], list[dict[str, Any]]]) -> list[dict[str, Any]] | str:
+    """`read` on a private copy of the ledger file (the original is never opened read-write),
+    or a string saying why `what` cannot be read."""
     path = Path(ledger)
     if not path.exists():
         return f"no effects ledger at {path}"
@@ -41,11 +39,32 @@ def load_executions(ledger: Path | Sequence[dict[str, Any]] | None) -> list[dict
     except sqlite3.DatabaseError as exc:
         return f"cannot open effects ledger {path}: {exc}"
     try:
-        return handle.executions()
+        return read(handle)
     except sqlite3.DatabaseError as exc:  # e.g. killed before its schema was committed
-        return f"cannot read effects ledger {path}: {exc}"
+        return f"cannot read the {what} of effects ledger {path}: {exc}"
     finally:
         handle.close()
+
+
+def load_executions(ledger: Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | str:
+    """The ledger's execution rows, or a string saying why there are none to judge by."""
+    if ledger is None:
+        return "no effects ledger was given"
+    if not isinstance(ledger, (str, Path)):
+        return list(ledger)
+    return _read_ledger(ledger, "executions", lambda handle: handle.executions())
+
+
+def load_applied(ledger: Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | str:
+    """The ledger's applied keyed writes (table `kv`: one row per application, as
+    `idempotency_key`, `key`, `value`, `applied_at`), or a string saying why there are none to
+    judge by. A ledger older than that table has none, which is said, never read as "no write
+    was applied"."""
+    if ledger is None:
+        return "no effects ledger was given"
+    if not isinstance(ledger, (str, Path)):
+        return list(ledger)
+    return _read_ledger(ledger, "applied keyed writes (table kv)", lambda handle: handle.applied())
 
 
 def brief(row: dict[str, Any]) -> dict[str, Any]:
