@@ -292,7 +292,7 @@ def _run_campaign(config: CampaignConfig, args: argparse.Namespace) -> tuple[dic
         if merged is not None:
             merged.close()
     wall = time.monotonic() - started
-    summary = summarize(results)
+    summary = summarize(results, campaign.campaign_faults())
     fields = report_fields(campaign, results)
     # Only a campaign that ran its whole plan can tell a kill point nothing reached.
     missed = unreached(options(config), summary["reached"]) if fields["complete"] else []

@@ -376,6 +376,7 @@ class ScriptedModelServer:
         self._lock = threading.Lock()
         self._requests: collections.deque[dict] = collections.deque(maxlen=request_log)
         self._fault_counts: dict[str, int] = {}
+        self._faults_served: collections.Counter[str] = collections.Counter()
         self._stopping = threading.Event()
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -466,7 +467,14 @@ class ScriptedModelServer:
         with self._lock:
             seen = self._fault_counts.get(key, 0)
             self._fault_counts[key] = seen + 1
+            if seen < reply.fault_times:
+                self._faults_served[reply.fault] += 1
         return reply.fault if seen < reply.fault_times else None
+
+    def faults_served(self) -> dict[str, int]:
+        """How many responses of each fault this server has served (a fault's accounting)."""
+        with self._lock:
+            return dict(self._faults_served)
 
     # -- response construction -------------------------------------------
 

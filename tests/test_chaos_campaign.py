@@ -133,6 +133,11 @@ def test_a_timer_that_misses_is_aimed_again_at_the_span_its_run_showed(tmp_path:
     assert result.kills >= 1 and not result.no_kill, result.verdict.message
     assert result.verdict.valid is True, result.verdict.message
     assert result.to_json()["reaimed"] is True
+    # The missed run is kept: its own record, directory and verdict ("unknown": no-kill).
+    runs = result.to_json()["runs"]
+    assert len(runs) >= 2 and runs[0]["no_kill"] is True and runs[0]["kills"] == 0, runs
+    assert runs[0]["delay_ms"] > runs[-1]["delay_ms"] and runs[-1]["kills"] >= 1, runs
+    assert len({r["directory"] for r in runs}) == len(runs), "each run has a directory of its own"
 
 
 @pytest.mark.chaos
@@ -272,11 +277,27 @@ def test_storage_and_model_faults_as_nemesis_options(tmp_path: Path) -> None:
     reasons = [e["result"].get("failure_reason") for e in events if e["type"] == "outcome"]
     assert "session_persistence_failed:locked" in reasons, "the held lock really failed a flush"
     assert any(e["type"] == "storage_fault" for e in events)
+    locked_faults = read_report(tmp_path / "locked")["faults"]["locked"]
+    assert locked_faults["landed"] >= 1 and locked_faults["planned"] == locked_faults["landed"] + \
+        locked_faults["skipped"], locked_faults
+    # The model meets each distinct request with one of the faults, chosen by its content: these
+    # two scenarios' requests draw http500 and truncate, never http429. A fault asked for that
+    # never landed tested nothing, and fails the campaign, saying so.
+    unlucky = supervisor("chaos", "--scenario", "single-tool", "--scenario", "streamed-answer",
+                         "--faults", "http500,http429,truncate", "--probe", "flush.committed",
+                         "--report", str(tmp_path / "unlucky"))
+    assert unlucky.returncode == 1, unlucky.stdout[-3000:]
+    report = read_report(tmp_path / "unlucky")
+    assert report["ok"] is False and report["faults_unlanded"] == ["http429"], report["faults"]
+    assert report["violations"] == [] and report["unknown"] == []
+    assert "fault never landed: http429" in unlucky.stdout
     model = supervisor("chaos", "--scenario", "single-tool", "--scenario", "streamed-answer",
-                       "--faults", "http500,http429,truncate", "--probe", "flush.committed",
+                       "--faults", "http500,truncate", "--probe", "flush.committed",
                        "--report", str(tmp_path / "model"))
     assert model.returncode == 0, model.stdout[-3000:]
-    assert read_report(tmp_path / "model")["ok"] is True
+    report = read_report(tmp_path / "model")
+    assert report["ok"] is True and report["faults_unlanded"] == []
+    assert all(report["faults"][name]["landed"] >= 1 for name in ("http500", "truncate")), report["faults"]
     refused = supervisor("chaos", "--faults", "meteor", timeout=60)
     assert refused.returncode == 2 and "--faults" in refused.stderr
 

@@ -155,6 +155,9 @@ def test_the_nightly_shard_and_merge_steps_run_here_on_a_tiny_plan(tmp_path: Pat
     report = json.loads((out / "report.json").read_text())
     assert (out / "report.html").is_file()
     assert report["complete"] is True and report["cases"] == 4 + 1 and report["violations"] == []
+    # Each shard's faults were met, not just asked for: every family landed at least once.
+    assert report["faults_unlanded"] == [] and set(report["faults"]) == \
+        {f for m in flow["matrix"] for f in m["faults"].split(",") if f}, report["faults"]
     assert report["campaign"]["id"] == "nightly-4242-1"
     assert [s["faults"] for s in report["campaign"]["shards"]] == \
         [[f for f in m["faults"].split(",") if f] for m in flow["matrix"]]

@@ -18,8 +18,12 @@ violation is the defect's doing and not the campaign's; defects sharing a campai
 that control, which runs once.
 
 Every invariant of the checker catches at least one defect here, and the README's mutant
-table lists exactly these defects. A defect whose invariant (or campaign fault) this
-checkout does not have yet is skipped, and switches itself on once it lands.
+table lists exactly these defects. Nothing here can skip: a defect that cannot be planted (no
+such directory or module), or that names an invariant, a fault or a probe this checkout does
+not have, fails, and so does the proof that every invariant has a mutant.
+
+A few defects are planted in the nemesis rather than in the runtime (`worker_only.is_campaign`):
+a fault family that silently never lands must fail the campaign too (`unlanded`).
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from typing import Any
 import psutil
 import pytest
 
+from hermes.probes import POINTS
 from supervisor.chaos import checker
 from supervisor.chaos.nemesis import FAULT_OPTIONS, Fault
 
@@ -57,25 +62,33 @@ class Defect:
     campaign: tuple[str, ...]     # arguments after `python -m supervisor chaos`
     invariants: frozenset[str]    # each must be reported ...
     at: str | None                # ... by the case killed at this probe:n (None: the fault-free baseline)
+    # Caught by `coverage`: the case at `at` is "unknown", listed under this summary key
+    # ("unfired": its planned kill never fired; "no_kill_cases": it fired and killed nothing).
+    unjudged_as: str = "unfired"
+    # Caught by `coverage` of the campaign's faults: these families never landed (`faults_unlanded`).
+    unlanded: frozenset[str] = frozenset()
 
     @property
     def unjudged(self) -> bool:
-        """Caught by `coverage`: the case at `at` is "unknown" (its planned kill never fired), not violated."""
-        return checker.COVERAGE in self.invariants
+        """Caught by `coverage` with no case judged at all: the case at `at` is "unknown", not violated."""
+        return checker.COVERAGE in self.invariants and not self.unlanded
 
-    def waiting_on(self) -> list[str]:
-        """Invariants and campaign faults this defect needs that this checkout does not have yet."""
+    def unplantable(self) -> list[str]:
+        """What keeps this defect from being planted here: a missing module, or an invariant, a
+        campaign fault or a probe this checkout does not have. Empty when it can be planted."""
         faults = [f for i, arg in enumerate(self.campaign[:-1]) if arg == "--faults"
                   for f in self.campaign[i + 1].split(",")]
-        return sorted({i for i in self.invariants if i not in checker.INVARIANTS}
-                      | {f for f in faults if f not in FAULT_OPTIONS})
+        problems = [f"invariant {i}" for i in sorted(self.invariants - set(checker.INVARIANTS))]
+        problems += [f"fault {f}" for f in sorted(set(faults) - set(FAULT_OPTIONS)) + sorted(self.unlanded - set(faults))]
+        if self.at is not None and self.at.rpartition(":")[0] not in POINTS:
+            problems.append(f"probe {self.at}")
+        if not (DEFECTS / self.directory / "sitecustomize.py").is_file():
+            problems.append(f"module tests/defects/{self.directory}/sitecustomize.py")
+        return problems
 
 
 def _case(case_id: str, defect: Defect) -> Any:
-    """A parametrized case that switches itself on once what it waits for has landed."""
-    waiting = defect.waiting_on()
-    return pytest.param(defect, id=case_id, marks=pytest.mark.skipif(
-        bool(waiting), reason=f"waiting on {', '.join(waiting)}, not in this checkout yet"))
+    return pytest.param(defect, id=case_id)
 
 
 # Campaigns several defects share (each control runs once per campaign, see CONTROL_CASES).
@@ -131,6 +144,16 @@ DEFECT_CASES = [
         # idempotent set_value, :2, a rerun under the same key is legal, and that case passes.)
         "rerun_at_most_once", "rerun-at-most-once", AFTER_WRITES,
         frozenset({"effect-semantics"}), at="tool.dispatch.after:1")),
+    _case("resume-unknown-for-idempotent", Defect(
+        # The converse: recovery gives every call whose outcome is unknown up as unknown, idempotent
+        # ones included. Killed after set_value's intent, before it ran (tool.dispatch.before:2), the
+        # resume records "outcome unknown" for it instead of rerunning it under its key: the
+        # completed turn's result is not set_value's (`result-fidelity`), and the ledger never
+        # applied the write (`effect-semantics`). Killed after append_note's intent (:1), unknown
+        # is its right answer, and that case passes.
+        "resume_unknown_for_idempotent", "resume-unknown-for-idempotent",
+        ("--scenario", "writes", "--probe", "tool.dispatch.before"),
+        frozenset({"result-fidelity", "effect-semantics"}), at="tool.dispatch.before:2")),
     _case("resume-skips-unanswered", Defect(
         # Killed after append_note ran, before its result was saved: recovery counts the call
         # as answered because it has an intent, so the completed turn keeps it without a result.
@@ -199,6 +222,25 @@ DEFECT_CASES = [
         # recovery writes its own incident id into append_note's unknown-outcome result.
         "resume_stamps_nonce", "resume-stamps-nonce", ("--faults", "twin-recovery", *AFTER_WRITES),
         frozenset({"recovery-determinism"}), at="tool.dispatch.after:1")),
+    _case("kill-plan-ignored", Defect(
+        # The worker reports the probe hit its kill plan names, then runs on; its restart_agent
+        # tool kills it a little later. That death is no landed kill: the case is not judged
+        # (no-kill), and the death is counted under `other_deaths` ("self"), not `kills`.
+        "kill_plan_ignored", "kill-plan-ignored", ("--scenario", "self-kill", "--probe", "tool.dispatch.before"),
+        frozenset({"coverage"}), at="tool.dispatch.before:1", unjudged_as="no_kill_cases")),
+    _case("nemesis-never-corrupts", Defect(
+        # Planted in the nemesis: it never finds anything to damage, so every `corrupt` round is
+        # skipped. Every case passes; the campaign fails, `corrupt` never having landed.
+        "nemesis_never_corrupts", "nemesis-never-corrupts",
+        ("--faults", "corrupt", "--scenario", "single-tool", "--probe", "finalize.before"),
+        frozenset({"coverage"}), at=None, unlanded=frozenset({"corrupt"}))),
+    _case("violation-when-timer-misses", Defect(
+        # The fault-free run opens its database 3 s late, so the timer is aimed past the end of
+        # the timer case's first run, which writes a tool result twice. Its timer misses; the case
+        # still fails with that run's violation (a run that showed a violation is never re-aimed
+        # away, and a False verdict never reads as no-kill).
+        "violation_when_timer_misses", "violation-when-timer-misses", ("--case", "single-tool/timer@50.00%@t0p0"),
+        frozenset({"no-duplicate-rows"}), at=None)),
     _case("fencing-skipped-crowd", Defect(
         # Killed just before flushing its answer; four workers then resume the turn at once, and
         # without fencing every one of them answers it.
@@ -209,17 +251,12 @@ DEFECT_CASES = [
 
 
 def _control_cases() -> list[Any]:
-    """One control per distinct campaign: the same arguments without any defect. It runs (and
-    must pass) as soon as one defect using it is enabled; its id names the defects it controls."""
+    """One control per distinct campaign: the same arguments without any defect, which must pass;
+    its id names the defects it controls."""
     by_campaign: dict[tuple[str, ...], list[Any]] = {}
     for param in DEFECT_CASES:
         by_campaign.setdefault(param.values[0].campaign, []).append(param)
-    controls = []
-    for campaign, params in by_campaign.items():
-        waiting = [p.values[0].waiting_on() for p in params]
-        controls.append(pytest.param(campaign, id="+".join(p.id for p in params), marks=pytest.mark.skipif(
-            all(waiting), reason=f"waiting on {', '.join(sorted({w for ws in waiting for w in ws}))}")))
-    return controls
+    return [pytest.param(campaign, id="+".join(p.id for p in params)) for campaign, params in by_campaign.items()]
 
 
 CONTROL_CASES = _control_cases()
@@ -317,6 +354,12 @@ def _assert_armed(defect: Defect, result: Campaign) -> None:
 
 
 # ---------------------------------------------------------------------- tests
+def _timer_repro(violation: dict[str, Any]) -> bool:
+    """An aimed timer's case id names a share of a span; its repro names the delay that ran."""
+    scenario, _, fault = violation["case"].partition("/")
+    return fault.startswith("timer@") and violation["repro"].startswith(f"hermes-supervisor chaos --case '{scenario}/timer@")
+
+
 def _point(result: dict[str, Any]) -> str | None:
     """The probe:n of a report result's (first) planned fault, as violations name it."""
     return Fault.parse(result["fault"]).point if result.get("fault") else None
@@ -324,18 +367,27 @@ def _point(result: dict[str, Any]) -> str | None:
 
 @pytest.mark.parametrize("defect", DEFECT_CASES)
 def test_campaign_reports_the_defect(defect: Defect, chaos: Any) -> None:
+    assert not defect.unplantable(), f"this defect cannot be planted: {defect.unplantable()}"
     result = chaos(defect.campaign, defect.directory)
     _assert_armed(defect, result)
 
     assert result.returncode == EXIT_VIOLATIONS, result.explain()
     assert result.report["ok"] is False, result.explain()
     verdicts = {r["case"]: r["verdict"]["valid"] for r in result.report["results"]}
+    if defect.unlanded:
+        # Caught by coverage of the campaign's faults: every case may pass, the campaign may not.
+        assert defect.unlanded <= set(result.report["faults_unlanded"]), result.explain()
+        for name in defect.unlanded:
+            row = result.report["faults"][name]
+            assert row["planned"] >= 1 and row["landed"] == 0 and row["skipped"] == row["planned"], row
+        return
     if defect.unjudged:
         # Caught by coverage: the case planned at `at` was not judged, which is never a pass.
         cases = [r["case"] for r in result.report["results"] if _point(r) == defect.at]
         assert cases, f"no case planned at {defect.at}\n{result.explain()}"
         for case in cases:
-            assert case in result.report["unfired"], f"{case} is not listed as unfired\n{result.explain()}"
+            assert case in result.report[defect.unjudged_as], \
+                f"{case} is not listed under {defect.unjudged_as}\n{result.explain()}"
             assert verdicts[case] == checker.UNKNOWN, verdicts
         return
     reported = {v["invariant"] for v in result.violations()}
@@ -348,7 +400,7 @@ def test_campaign_reports_the_defect(defect: Defect, chaos: Any) -> None:
         for v in found:
             assert v["message"], v
             assert v["witness"], v
-            assert isinstance(v["repro"], str) and v["case"] in v["repro"], v
+            assert isinstance(v["repro"], str) and v["case"] in v["repro"] or _timer_repro(v), v
         # The case that carries the violation has a False verdict of its own in the report.
         assert all(verdicts[v["case"]] is False for v in found), verdicts
 
@@ -361,14 +413,25 @@ def test_same_campaign_passes_without_the_defect(campaign: tuple[str, ...], chao
     assert result.report["ok"] is True, result.explain()
     assert result.violations() == [] and result.report["unfired"] == [], result.explain()
     # The control exercised what the defects' campaigns aim at: each planned fault fired (a kill,
-    # or in pause mode a pause), and at least one was planned.
+    # or in pause mode a pause; a timer has no probe to fire, and must have killed), and at least
+    # one was planned.
     planned = [r for r in result.report["results"] if r.get("fault")]
-    assert planned and all(r["fired"] for r in planned), result.explain()
+    assert planned and all(r["fired"] or (r["fault"].startswith("timer") and r["kills"]) for r in planned), \
+        result.explain()
+
+
+def test_every_defect_can_be_planted() -> None:
+    """No mutant can turn into a skip: each names a module that exists, and only invariants,
+    faults and probes this checkout has."""
+    problems = {p.id: p.values[0].unplantable() for p in DEFECT_CASES}
+    assert not any(problems.values()), {k: v for k, v in problems.items() if v}
+    ids = [p.id for p in DEFECT_CASES]
+    assert len(ids) == len(set(ids)), "a mutant is listed twice"
 
 
 def test_every_invariant_has_a_mutant() -> None:
-    """Each invariant of the checker is the one that catches at least one planted defect."""
-    caught = {i for p in DEFECT_CASES for i in p.values[0].invariants}
+    """Each invariant of the checker is the one that catches at least one planted defect that can be planted."""
+    caught = {i for p in DEFECT_CASES if not p.values[0].unplantable() for i in p.values[0].invariants}
     assert set(checker.INVARIANTS) <= caught, f"no mutant for {sorted(set(checker.INVARIANTS) - caught)}"
 
 

@@ -60,6 +60,10 @@ class SupervisorLink:
     def report(self, message: dict[str, Any]) -> None:
         self.channel.send(message)
 
+    def report_last(self, message: dict[str, Any]) -> None:
+        """Report `message` as this process's last word: no thread's report can follow it."""
+        self.channel.send_last(message)
+
     def request(self, message: dict[str, Any]) -> None:
         """Send and wait until the supervisor acknowledges (it has recorded and checked it)."""
         seq = next(self._seq)
@@ -90,8 +94,14 @@ class ProbeWiring:
         plan = self.plan or (self.link.plan if self.link else None)
         kill = plan is not None and plan.probe == name and plan.occurrence == occurrence
         if self.link is not None:
-            self.link.report({"type": "probe", "name": name, "n": occurrence, "ctx": context, "kill": kill,
-                              "mode": plan.mode if kill and plan else None})
+            report = {"type": "probe", "name": name, "n": occurrence, "ctx": context, "kill": kill,
+                      "mode": plan.mode if kill and plan else None}
+            # A kill's report is the process's last word, so the supervisor can tell the death it
+            # announces from a later one (a tool killing its own worker): see checker.deaths.
+            if kill and plan is not None and plan.mode != "pause":
+                self.link.report_last(report)
+            else:
+                self.link.report(report)
         if not kill:
             return
         assert plan is not None

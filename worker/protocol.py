@@ -81,12 +81,23 @@ class Channel:
         return cls(socket.socket(fileno=fd))
 
     def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
         with self._send_lock:
-            try:
-                self.sock.sendall(_HEADER.pack(len(data)) + data)
-            except OSError as exc:
-                raise ChannelClosed(str(exc)) from exc
+            self._send_locked(message)
+
+    def send_last(self, message: dict[str, Any]) -> None:
+        """Send `message` and keep the send lock for good: nothing any thread sends can follow it.
+
+        For a process about to die where it stands (a planned kill): the supervisor then knows
+        that a death it sees after this message is the one announced, not a later one."""
+        self._send_lock.acquire()
+        self._send_locked(message)
+
+    def _send_locked(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
+        try:
+            self.sock.sendall(_HEADER.pack(len(data)) + data)
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from exc
 
     def _read_exact(self, size: int) -> bytes:
         parts, left = [], size

@@ -13,16 +13,19 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
-from supervisor.chaos.checker import NO_KILL, UNFIRED, Verdict
+from supervisor.chaos.checker import NO_KILL, UNFIRED, UNKNOWN, Verdict
+from supervisor.chaos.checker.verdict import rank
 from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
 from supervisor.chaos.history import HistoryWriter, write_json
+from supervisor.chaos.nemesis.accounting import add_rows, campaign_rows, unlanded
 from supervisor.chaos.nemesis.model import MODEL_FAULTS, with_model_faults
 from supervisor.chaos.plan import Plan
 from supervisor.chaos.runner import CaseResult, CaseRunner
@@ -92,6 +95,7 @@ class Campaign:
         self._stop = threading.Event()
         self._root: Path | None = None
         self._server: ScriptedModelServer | None = None
+        self._served: dict[str, int] = {}  # faults the model served, kept when it stops
         self._shared: dict[Any, Any] = {}
         self._shared_lock = threading.Lock()
 
@@ -131,12 +135,19 @@ class Campaign:
             self.pool.close()
         finally:
             if self._server is not None:
+                self._served = self._server.faults_served()
                 self._server.stop()
                 self._server = None
             if self.history is not None:
                 self.history.close()
             if self.scratch_dir is not None:
                 shutil.rmtree(self.scratch_dir, ignore_errors=True)
+
+    def campaign_faults(self) -> dict[str, dict[str, Any]]:
+        """The rows of the requested fault families counted for the whole campaign: the model's,
+        from what its scripted model served (nemesis.accounting)."""
+        served = self._served if self._server is None else self._server.faults_served()
+        return campaign_rows(served, self.config.faults)
 
     @property
     def scratch_dir(self) -> Path | None:
@@ -148,41 +159,41 @@ class Campaign:
 
     def run_case(self, case: Case, keep_trace: bool = False) -> CaseResult | None:
         """Run one case (the campaign must be open); None when the campaign stopped before or
-        while it ran. An aimed timer is aimed here, at its scenario's measured live span."""
+        while it ran. An aimed timer is aimed here, at its scenario's measured live span; one
+        that missed is aimed again, and every run is kept (see `runs_result`)."""
         if self._stop.is_set():
             return None
         planned = case.fault
         if planned is not None and planned.unaimed:
             baseline = self.baselines.get(case.scenario)
             case = Case(case.scenario, planned.aimed(baseline.span_ms if baseline else 0))
-        result, runner = self._attempt(case)
+        runs: list[tuple[CaseResult | None, CaseRunner]] = [self._attempt(case)]
         for _ in range(TIMER_REAIMS):
+            result = runs[-1][0]
             if result is None or planned is None or planned.aim is None or not result.no_kill:
                 break
             # The worker finished before its timer fired: this run was faster than the one the
-            # timer was aimed from. Aim again, at the same share of the span this run showed; a
-            # run that tested nothing leaves no trace in the report.
+            # timer was aimed from. Aim again, at the same share of the span this run showed.
             again = Case(case.scenario, planned.aimed(result.span_ms))
             assert case.fault is not None and again.fault is not None
             if again.fault.delay_ms >= case.fault.delay_ms:
                 break
-            if not self.config.keep:
-                shutil.rmtree(runner.dir, ignore_errors=True)
             case = again
-            result, runner = self._attempt(case)
-            if result is not None:
-                result.reaimed = True
-        if result is None or self._stop.is_set():  # cut short by the stop, not by its plan: not judged
-            if not self.config.keep:
-                shutil.rmtree(runner.dir, ignore_errors=True)
+            runs.append(self._attempt(case))
+        dirs = [runner.dir for _, runner in runs]
+        if runs[-1][0] is None or self._stop.is_set():  # cut short by the stop, not by its plan: not judged
+            self._discard(dirs)
             return None
+        result = runs_result([r for r, _ in runs if r is not None])
         if self.config.case_files is not None:
-            # The case's whole history goes to disk now; the campaign keeps only its summary.
+            # The case's whole history, every run's, goes to disk now; the campaign keeps only its summary.
             make_private_dirs(self.config.case_files)
+            events = [dict(e, run=i) if len(runs) > 1 else e
+                      for i, (_, runner) in enumerate(runs, start=1) for e in runner.history.events]
             write_json(self.config.case_files / f"{case_file_stem(case.case_id)}.json",
-                       dict(result.to_json(), events=runner.history.events))
-        if not self.config.keep and result.verdict.valid is True:
-            shutil.rmtree(runner.dir, ignore_errors=True)
+                       dict(result.to_json(), events=events))
+        if result.verdict.valid is True:
+            self._discard(dirs)
         if not keep_trace:
             result.trace = []
         if result.verdict.valid is True:  # a pass needs no per-invariant detail in memory
@@ -196,6 +207,12 @@ class Campaign:
         mark = {True: "ok", False: "VIOLATION"}.get(result.verdict.valid, "unknown")  # type: ignore[arg-type]
         self.progress(f"{mark:9} {case.case_id} ({result.seconds:.2f}s, {result.kills} kills)")
         return result
+
+    def _discard(self, dirs: list[Path]) -> None:
+        """Remove a case's run directories, unless the user asked to keep every case."""
+        if not self.config.keep:
+            for directory in dirs:
+                shutil.rmtree(directory, ignore_errors=True)
 
     def _attempt(self, case: Case) -> tuple[CaseResult | None, CaseRunner]:
         """One run of `case`; no result when the campaign's stop cut it short."""
@@ -291,9 +308,48 @@ class Campaign:
         return cases if config.limit is None else cases[: config.limit]
 
 
-def summarize(results: list[CaseResult]) -> dict[str, Any]:
-    """The campaign's report data: cases, landed kills, violations by class, what was not
-    judged and why, and per kill point what happened."""
+def runs_result(results: list[CaseResult]) -> CaseResult:
+    """One case's result over all of its runs, first to last (a timer that missed is aimed again).
+
+    Nothing a run showed is dropped: the case fails if any run found a violation (each one
+    names its run in its witness), whatever became of that run's timer. A run that is
+    "unknown" only because its timer missed (no-kill) is superseded by the run aimed again;
+    any other "unknown" stays. Kills, other deaths, faults, restarts and seconds add up over
+    the runs, and `runs` keeps each run's own record: its directory, verdict and counts.
+    """
+    last = results[-1]
+    records = [r.run_record(i) for i, r in enumerate(results, start=1)]
+    if len(results) == 1:
+        last.runs = records
+        return last
+    kept = [(i, r.verdict) for i, r in enumerate(results, start=1)
+            if r is last or r.verdict.valid is False or set(r.verdict.reasons) - {NO_KILL}]
+    valid = min((v.valid for _, v in kept), key=rank)
+    verdict = Verdict(
+        valid, [replace(x, witness={"run": i, **x.witness}) for i, v in kept for x in v.violations],
+        dict(last.verdict.counts), last.verdict.name,
+        message="; ".join(f"run {i}: {v.message}" for i, v in kept if v.valid is not True and v.message),
+        parts=last.verdict.parts,
+        reasons=tuple(dict.fromkeys(r for _, v in kept if v.valid == UNKNOWN for r in v.reasons
+                                    if r != NO_KILL or v is last.verdict)) if valid == UNKNOWN else ())
+    faults: dict[str, dict[str, Any]] = {}
+    other: Counter[str] = Counter()
+    for r in results:
+        add_rows(faults, r.faults)
+        other.update(r.other_deaths)
+    return CaseResult(
+        last.case, verdict, sum(r.kills for r in results), sum(r.restarts for r in results),
+        sum(r.seconds for r in results), last.trace, list(dict.fromkeys(p for r in results for p in r.fired)),
+        frozenset().union(*(r.reached for r in results)), last.flags, results[0].span_ms, reaimed=True,
+        other_deaths=dict(sorted(other.items())), faults=faults, directory=last.directory, runs=records)
+
+
+def summarize(results: list[CaseResult], campaign_faults: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The campaign's report data: cases, the kills the nemesis planned and landed, every other
+    death by cause, each requested fault family planned/landed/skipped (`campaign_faults`: the
+    rows of the families counted for the whole campaign, see nemesis.accounting), violations by
+    class, what was not judged and why, and per kill point what happened. A fault family asked
+    for that never landed fails the campaign (`faults_unlanded`)."""
     points: dict[str, dict[str, Any]] = {p: {"hit": False, "cases": 0, "violations": 0} for p in POINTS}
     violations = []
     unknown = []
@@ -314,16 +370,28 @@ def summarize(results: list[CaseResult]) -> dict[str, Any]:
             if result.verdict.valid is False:
                 entry["violations"] += 1
         for v in result.verdict.violations:
-            violations.append({"invariant": v.invariant, "class": v.kind, "case": result.case.case_id,
+            run = v.witness.get("run")  # set when the case ran more than once: that run's own repro
+            repro = result.runs[run - 1]["repro"] if isinstance(run, int) and len(result.runs) >= run else None
+            violations.append({**v.to_json(), "case": result.case.case_id,
                                "probe": result.case.fault.point if result.case.fault else None,
-                               "message": v.message, "witness": v.witness, "repro": result.repro()})
+                               "repro": repro or result.repro()})
         if result.verdict.valid not in (True, False):
             unknown.append({"case": result.case.case_id, "reasons": list(result.verdict.reasons),
                             "message": result.verdict.message, "repro": result.repro()})
     by_class = {kind: sum(1 for v in violations if v["class"] == kind) for kind in ("damage", "contract")}
-    return {"ok": not violations and not unknown, "cases": len(results),
-            "kills": sum(r.kills for r in results), "no_kill": sum(1 for r in results if r.no_kill),
+    faults: dict[str, dict[str, Any]] = {}
+    other_deaths: Counter[str] = Counter()
+    for result in results:
+        add_rows(faults, result.faults)
+        other_deaths.update(result.other_deaths)
+    add_rows(faults, campaign_faults or {})
+    never = unlanded(faults) if results else []
+    return {"ok": not violations and not unknown and not never, "cases": len(results),
+            "kills": sum(r.kills for r in results), "other_deaths": dict(sorted(other_deaths.items())),
+            "no_kill": sum(1 for r in results if r.no_kill),
             "reaimed": sum(1 for r in results if r.reaimed),
+            "runs": sum(max(1, len(r.runs)) for r in results),
+            "faults": dict(sorted(faults.items())), "faults_unlanded": never,
             "violations": violations, "violations_by_class": by_class, "unknown": unknown,
             "unfired": [u["case"] for u in unknown if UNFIRED in u["reasons"]],
             "no_kill_cases": [u["case"] for u in unknown if NO_KILL in u["reasons"]],

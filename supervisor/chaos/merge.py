@@ -33,6 +33,8 @@ from supervisor.chaos.checker.verdict import DAMAGE, Verdict, Violation, rank
 from supervisor.chaos.generator import Case, case_file_stem
 from supervisor.chaos.history import write_private
 from supervisor.chaos.live import RESULTS_FILE
+from supervisor.chaos.nemesis.accounting import add_rows
+from supervisor.chaos.nemesis.model import MODEL_FAULTS
 from supervisor.chaos.plan import not_run, unreached
 
 
@@ -45,7 +47,7 @@ class StoredResult:
     CaseResult, its report.json entry kept exactly as the shard wrote it."""
 
     __slots__ = ("entry", "case", "verdict", "kills", "restarts", "seconds", "fired", "reached", "no_kill",
-                 "reaimed")
+                 "reaimed", "other_deaths", "faults", "runs")
 
     def __init__(self, data: dict[str, Any], shared: dict[Any, Any] | None = None) -> None:
         self.entry = {k: v for k, v in data.items() if k != "reached"}
@@ -62,6 +64,9 @@ class StoredResult:
         self.reached = reached if shared is None else shared.setdefault(reached, reached)
         self.no_kill = bool(data.get("no_kill"))
         self.reaimed = bool(data.get("reaimed"))
+        self.other_deaths = dict(data.get("other_deaths") or {})
+        self.faults = dict(data.get("faults") or {})
+        self.runs = list(data.get("runs") or [])
 
     def repro(self) -> str:
         return self.entry.get("repro", self.case.repro())
@@ -218,7 +223,12 @@ def merge(out: Path, directories: list[Path]) -> dict[str, Any]:
     shards.sort(key=lambda s: s.index)
     results, missing, homes = merge_results(shards)
     first = shards[0].campaign
-    summary = summarize(results)  # type: ignore[arg-type]
+    # The families counted for a whole campaign (the model's faults) add up over the shards.
+    campaign_faults: dict[str, dict[str, Any]] = {}
+    for shard in shards:
+        add_rows(campaign_faults, {name: row for name, row in (shard.report.get("faults") or {}).items()
+                                   if name in MODEL_FAULTS})
+    summary = summarize(results, campaign_faults)  # type: ignore[arg-type]
     walls = [s.report.get("wall_seconds") for s in shards if s.report.get("wall_seconds") is not None]
     wall = max(walls) if walls else None
     missed = unreached(first["options"], summary["reached"])

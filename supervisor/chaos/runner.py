@@ -23,10 +23,21 @@ import psutil
 
 from hermes.private_files import make_private_dirs
 from hermes.state import StorageError, open_snapshot
-from supervisor.chaos.checker import NO_KILL, UNFIRED, Durable, Verdict, check_case, load_durable, twin_transcript
+from supervisor.chaos.checker import (
+    NO_KILL,
+    UNFIRED,
+    Durable,
+    Verdict,
+    check_case,
+    check_structure,
+    load_durable,
+    twin_transcript,
+)
+from supervisor.chaos.checker.deaths import count_deaths
 from supervisor.chaos.generator import Case, case_file_stem
 from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_and_ask, summarize_rows
 from supervisor.chaos.nemesis import CROWD, CROWD_BUSY_BUDGET_S, Fault
+from supervisor.chaos.nemesis.accounting import account
 from supervisor.chaos.nemesis.model import STALL_WORKER_TIMEOUT_S, refusing_url
 from supervisor.chaos.nemesis.storage import KINDS as STORAGE_FAULT_KINDS
 from supervisor.chaos.nemesis.storage import StorageFault, hold_write_lock
@@ -57,6 +68,13 @@ class CaseResult:
     flags: tuple[str, ...] = ()  # campaign options the case depends on (target, faults), for its repro
     span_ms: int = 0  # how long the case's first worker lived (a baseline's span aims timer kills)
     reaimed: bool = False  # an aimed timer that missed once and was aimed again at this run's own span
+    # Every other death of a worker, by cause (supervisor.chaos.checker.deaths): never counted in `kills`.
+    other_deaths: dict[str, int] = field(default_factory=dict)
+    # Per requested fault family: planned, landed, skipped, why_skipped (supervisor.chaos.nemesis.accounting).
+    faults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    directory: str = ""  # the run's directory, relative to the campaign's working directory
+    # Every run of the case, first to last (a timer that missed is aimed again): see campaign.runs_result.
+    runs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def no_kill(self) -> bool:
@@ -69,10 +87,18 @@ class CaseResult:
     def to_json(self) -> dict[str, Any]:
         return {"case": self.case.case_id, "scenario": self.case.scenario,
                 "fault": self.case.fault.label() if self.case.fault else None,
-                "verdict": self.verdict.to_json(), "kills": self.kills, "no_kill": self.no_kill,
-                "reaimed": self.reaimed,
+                "verdict": self.verdict.to_json(), "kills": self.kills, "other_deaths": self.other_deaths,
+                "no_kill": self.no_kill, "reaimed": self.reaimed, "faults": self.faults,
                 "restarts": self.restarts, "seconds": round(self.seconds, 3), "fired": self.fired,
-                "repro": self.repro()}
+                "repro": self.repro(), "runs": self.runs}
+
+    def run_record(self, index: int) -> dict[str, Any]:
+        """This result as run `index` of its case (1 is the first): what the report keeps of every run."""
+        fault = self.case.fault
+        return {"run": index, "directory": self.directory, "delay_ms": fault.delay_ms if fault else None,
+                "verdict": self.verdict.to_json(), "kills": self.kills, "other_deaths": self.other_deaths,
+                "no_kill": self.no_kill, "faults": self.faults, "restarts": self.restarts,
+                "seconds": round(self.seconds, 3), "fired": self.fired, "repro": self.repro()}
 
 
 def _claim_dir(root: Path, stem: str) -> Path:
@@ -118,11 +144,11 @@ class CaseRunner:
         self._crowd_done = False
         self._twin_done = False
         self._running: set[int] = set()  # incarnations of this case's workers not yet reaped
+        self._sigkills = 0  # workers of this case that died of SIGKILL, whatever killed them
         # What the last snapshot read while no worker ran, with how many workers had started then:
         # (that count, turn index, the turn's state) and (that count, the durable state).
         self._state_seen: tuple[int, int, str | None] | None = None
         self._durable_seen: tuple[int, Durable] | None = None
-        self.kills = 0
 
     # -------------------------------------------------------------- observing
     def _on_message(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
@@ -149,11 +175,11 @@ class CaseRunner:
 
     def _on_probe(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
         inc = proc.incarnation
+        mode = msg.get("mode")
         self.history.record("probe", incarnation=inc, name=msg["name"], n=msg["n"], ctx=msg.get("ctx", {}),
-                            kill=bool(msg.get("kill")))
+                            kill=bool(msg.get("kill")), **({"mode": mode} if msg.get("kill") else {}))
         if not msg.get("kill"):
             return
-        mode = msg.get("mode")
         if mode == "pause":
             self._paused.set()
         elif mode == "external":
@@ -188,6 +214,7 @@ class CaseRunner:
             seconds = WORKER_BUSY_BUDGET_S + 1.0
             hold_write_lock(self.db, seconds)  # taken now, before the ack, so the worker meets it
             self.history.record("storage_fault", fault="locked", seconds=seconds)
+            self._account("locked", landed=True)
         self.history.record("effect", incarnation=proc.incarnation, tool=msg.get("tool"), policy=msg.get("policy"),
                             tool_call_id=msg.get("tool_call_id"), turn=msg.get("turn"),
                             idempotency_key=msg.get("idempotency_key"), request_durable=request,
@@ -264,12 +291,17 @@ class CaseRunner:
     def _model_url(self) -> str:
         """The model endpoint for the next worker: under `refused`, the first one restarted
         after a kill gets a loopback port that nothing listens on."""
-        if "refused" not in self.config.faults or self.kills == 0 or self._refused_done:
+        if "refused" not in self.config.faults or self._sigkills == 0 or self._refused_done:
             return self.base_url
         self._refused_done = True
         url = refusing_url()
         self.history.record("model_fault", fault="refused", url=url)
+        self._account("refused", landed=True)
         return url
+
+    def _account(self, fault: str, landed: bool, reason: str | None = None) -> None:
+        """Write down what became of a planned fault of `--faults` (supervisor.chaos.nemesis.accounting)."""
+        self.history.record("fault", fault=fault, landed=landed, **({"reason": reason} if reason else {}))
 
     def _finish(self, proc: WorkerProcess, snapshot: bool = True) -> None:
         if not proc.wait(self.config.process_timeout):
@@ -287,7 +319,7 @@ class CaseRunner:
             # dead writer's wal-index, and the next writer would overwrite that last commit).
             self.observer.close()
         if proc.signal == signal.SIGKILL:
-            self.kills += 1
+            self._sigkills += 1
         if snapshot:
             self._snapshot("exit", self._where[proc.incarnation][0])
 
@@ -341,8 +373,9 @@ class CaseRunner:
         self._storage_rounds_done = True
         for fault in self._storage_faults:
             if not self.db.exists():
-                self.history.record("storage_fault", fault=fault.cause, phase="skipped",
-                                    reason="the killed worker had not created the database yet")
+                reason = "the killed worker had not created the database yet"
+                self.history.record("storage_fault", fault=fault.cause, phase="skipped", reason=reason)
+                self._account(fault.cause, landed=False, reason=reason)
                 continue
             # Our own observer connection must not be open across the break: a worker that finds
             # itself the file's last connection checkpoints and deletes the WAL index, and a
@@ -350,8 +383,9 @@ class CaseRunner:
             self.observer.close()
             what = fault.break_storage(self.db)
             if what is None:
-                self.history.record("storage_fault", fault=fault.cause, phase="skipped",
-                                    reason="the killed worker had not committed a table for this fault to break")
+                reason = "the killed worker had not committed a table for this fault to break"
+                self.history.record("storage_fault", fault=fault.cause, phase="skipped", reason=reason)
+                self._account(fault.cause, landed=False, reason=reason)
                 continue
             try:  # mended whatever happens, a worker that cannot start (the campaign stopping) too
                 # Process index -1: no kill plan is ever aimed at this worker (see _fault_for), and
@@ -360,6 +394,7 @@ class CaseRunner:
                 self.history.record("storage_fault", fault=fault.cause, phase="broken", what=what,
                                     incarnation=proc.incarnation,
                                     expect=f"session_persistence_failed:{fault.cause}")
+                self._account(fault.cause, landed=True)
                 self._finish(proc, snapshot=False)  # a corrupt file cannot be snapshotted: after mending
             finally:
                 fault.mend(self.db)
@@ -384,6 +419,7 @@ class CaseRunner:
         self._crowd_done = True
         crowd = [self._spawn("resume", turn_index, -1, None, busy_budget=CROWD_BUSY_BUDGET_S) for _ in range(CROWD)]
         self.history.record("crowd", turn_id=f"turn-{turn_index}", incarnations=[p.incarnation for p in crowd])
+        self._account("concurrent-resume", landed=True)
         for proc in crowd:
             self._finish(proc, snapshot=False)
         self._snapshot("crowd")
@@ -394,14 +430,20 @@ class CaseRunner:
         to nobody: their projections and effects concern copies, not this case's database."""
         self._twin_done = True
         try:
-            transcripts = [self._recover_twin(name) for name in ("twin-a", "twin-b")]
+            recovered = [self._recover_twin(name) for name in ("twin-a", "twin-b")]
         except (OSError, RuntimeError) as exc:
             self.history.record("twin", turn_id=f"turn-{turn_index}", error=str(exc))
+            self._account("twin-recovery", landed=False, reason=f"a twin recovery did not finish: {exc}")
             return
-        self.history.record("twin", turn_id=f"turn-{turn_index}", a=transcripts[0], b=transcripts[1])
+        (a, structure_a), (b, structure_b) = recovered
+        self.history.record("twin", turn_id=f"turn-{turn_index}", a=a, b=b,
+                            structure={"twin-a": structure_a, "twin-b": structure_b})
+        self._account("twin-recovery", landed=True)
 
-    def _recover_twin(self, name: str) -> list[list[Any]]:
-        """Copy the database and the ledger (with their WALs) into `name`/, resume it, read it back."""
+    def _recover_twin(self, name: str) -> tuple[list[list[Any]], dict[str, Any]]:
+        """Copy the database and the ledger (with their WALs) into `name`/, resume it, read it back:
+        its transcript, and the verdict of the structural invariants on what it left (each twin is a
+        recovery run of its own, judged like one)."""
         twin = self.dir / name
         twin.mkdir(mode=0o700)
         for source in (self.db, self.ledger):
@@ -415,14 +457,20 @@ class CaseRunner:
         self._incarnations += 1
         proc = self.pool.spawn(args, incarnation=self._incarnations, on_message=_ack_only,
                                on_log=self.on_log, label=f"{self.case.case_id} {name}")
-        if not proc.wait(self.config.process_timeout):
+        timed_out = not proc.wait(self.config.process_timeout)
+        if timed_out:
             proc.kill("timeout")
+            self.history.record("kill", incarnation=proc.incarnation, pid=proc.pid, signal=signal.SIGKILL,
+                                by="timeout", probe=None)
             proc.wait()
+        self.history.record("twin_run", name=name, incarnation=proc.incarnation, pid=proc.pid,
+                            returncode=proc.returncode, signal=proc.signal)
+        if timed_out:
             raise RuntimeError(f"the {name} recovery did not finish in {self.config.process_timeout:.0f}s")
         durable = load_durable(twin / self.db.name)
         if durable.error:
             raise RuntimeError(f"the {name} recovery left an unreadable database: {durable.error}")
-        return twin_transcript(durable)
+        return twin_transcript(durable), check_structure(twin / self.db.name).to_json()
 
     # ------------------------------------------------------------------ a case
     def run(self) -> CaseResult:
@@ -449,9 +497,12 @@ class CaseRunner:
         trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events
                  if e["type"] == "probe" and self._where[e["incarnation"]][1] >= 0]
         fired = [f"{e['name']}:{e['n']}" for e in events if e["type"] == "probe" and e.get("kill")]
-        return CaseResult(self.case, verdict, self.kills, restarts, time.monotonic() - started, trace, fired,
+        kills, other_deaths = count_deaths(events)
+        faults = account(events, self.config.faults, kills_planned=_kills_planned(self.case.fault))
+        return CaseResult(self.case, verdict, kills, restarts, time.monotonic() - started, trace, fired,
                           frozenset(sys.intern(name) for (_t, _p, name, _n) in trace), self._repro_flags(),
-                          _first_span_ms(events))
+                          _first_span_ms(events), other_deaths=other_deaths, faults=faults,
+                          directory=self.dir.name)
 
     def _run_turn(self, turn_index: int) -> int:
         """Run one turn until it ends or the restarts run out; returns how many of its workers were killed."""
@@ -470,6 +521,10 @@ class CaseRunner:
             killed = proc.signal == signal.SIGKILL
             restarts += killed
             state = self._turn_state(turn_index)
+            if killed and state not in ("done", "failed") and self._storage_faults and not self._storage_rounds_done:
+                # First, while the killed worker's state is as it left it: the recovery faults below
+                # may finish the turn, and a storage round must meet a turn still to be finished.
+                self._storage_fault_rounds("resume" if state == "running" else "run", turn_index)
             if killed and state == "running":
                 if "twin-recovery" in self.config.faults and not self._twin_done:
                     self._twin_round(turn_index)
@@ -484,11 +539,18 @@ class CaseRunner:
             # Killed mid-turn, or fenced off by a newer worker: finish the turn from the database.
             # Never started (killed before its first commit): start it again.
             command = "resume" if state == "running" else "run"
-            if killed and self._storage_faults and not self._storage_rounds_done:
-                self._storage_fault_rounds(command, turn_index)
 
 
 _UNREAD = object()  # a snapshot's read of a turn state that failed: read it again on its own
+
+
+def _kills_planned(fault: Fault | None) -> bool:
+    """Does the plan kill a worker (a pause stops one, and the faults applied after a kill never come)?"""
+    while fault is not None:
+        if fault.kind != "pause":
+            return True
+        fault = fault.then
+    return False
 
 
 def _ack_only(proc: WorkerProcess, msg: dict[str, Any]) -> None:

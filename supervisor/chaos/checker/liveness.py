@@ -6,9 +6,9 @@ and is "unknown", never a pass.
 from __future__ import annotations
 
 from collections import Counter
-from signal import SIGKILL
 from typing import Any, Sequence
 
+from supervisor.chaos.checker.deaths import NEMESIS, count_deaths, death_causes
 from supervisor.chaos.checker.evidence import DB, as_durable, of_type, turn_brief, unreadable
 from supervisor.chaos.checker.verdict import (
     COVERAGE,
@@ -108,21 +108,25 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
 def coverage(events: Sequence[dict[str, Any]], planned: Fault | None) -> Verdict:
     """Every fault planned for the case landed.
 
-    A probe kill landed when the n-th hit of its probe was reported with `kill` True and the
-    worker that reported it was reaped dead of SIGKILL; a timer kill when the supervisor's
-    timer sent SIGKILL and the worker it aimed at was reaped dead of it; a pause when the
-    worker was seen stopped while another took its session over. A probe never reached is
-    unknown ("unfired"); a fault that fired or was aimed but stopped nothing is unknown
-    ("no-kill"). Neither is ever a pass.
+    A probe kill landed when the n-th hit of its probe was reported with `kill` True as the
+    worker's last word and that worker was reaped dead of SIGKILL; a timer kill when the
+    supervisor's timer sent SIGKILL and the worker it aimed at was reaped dead of it (both:
+    cause "nemesis" in supervisor.chaos.checker.deaths, so a worker that lived on past its
+    planned probe and died later, of a tool that kills its own worker say, is no landed kill);
+    a pause when the worker was seen stopped while another took its session over. A probe
+    never reached is unknown ("unfired"); a fault that fired or was aimed but stopped nothing
+    is unknown ("no-kill"). Neither is ever a pass.
     """
     probes_hit = of_type(events, "probe")
-    exits = {e.get("incarnation"): e for e in of_type(events, "exit")}
-    counts = {"probe_hits": len(probes_hit), "kills": sum(1 for e in exits.values() if e.get("signal") == SIGKILL)}
+    causes = death_causes(events)
+    landed_kills, other_deaths = count_deaths(events)
+    counts = {"probe_hits": len(probes_hit), "kills": landed_kills,
+              **{f"other_deaths_{cause}": n for cause, n in other_deaths.items()}}
     fault = planned
     while fault is not None:
         if fault.kind == "timer":
             aimed = [e for e in of_type(events, "kill") if e.get("by") == "timer"]
-            if not any(exits.get(e.get("incarnation"), {}).get("signal") == SIGKILL for e in aimed):
+            if not any(causes.get(e.get("incarnation")) == NEMESIS for e in aimed):
                 return unknown_verdict(COVERAGE, f"no-kill: the timer kill {fault.label()} landed on no live worker "
                                                  "(it had exited before the timer fired)", NO_KILL, counts)
         else:
@@ -138,10 +142,16 @@ def coverage(events: Sequence[dict[str, Any]], planned: Fault | None) -> Verdict
                 landed = any(e.get("stopped") is True and e.get("incarnation") in incarnations
                              for e in of_type(events, "pause"))
             else:
-                landed = any(exits.get(inc, {}).get("signal") == SIGKILL for inc in incarnations)
+                landed = any(causes.get(inc) == NEMESIS for inc in incarnations)
             if not landed:
-                what = "was never seen stopped" if fault.kind == "pause" else "did not die of SIGKILL"
+                what = "was never seen stopped" if fault.kind == "pause" else \
+                    f"did not die of it ({_died_how(incarnations, causes)})"
                 return unknown_verdict(COVERAGE, f"no-kill: {fault.point} fired, but the worker {what}", NO_KILL,
                                        counts)
         fault = fault.then
     return Verdict(True, [], counts, COVERAGE)
+
+
+def _died_how(incarnations: set[Any], causes: dict[int, str]) -> str:
+    how = sorted({causes[inc] for inc in incarnations if inc in causes})
+    return f"it died of: {', '.join(how)}" if how else "it did not die of a signal"

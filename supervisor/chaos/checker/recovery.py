@@ -107,7 +107,9 @@ def recovery_determinism(events: Sequence[dict[str, Any]]) -> Verdict:
     """Two independent recoveries of byte-identical copies of one crashed state give the
     same transcript, row for row, apart from what a recovery may not fix: row ids,
     timestamps, and the fencing epoch and owner of the lease (see `twin_transcript`).
-    Each `twin` event carries both recovered transcripts' rows in that form.
+    Each `twin` event carries both recovered transcripts' rows in that form, and each twin is
+    a recovery run of its own: what it left passes the structural invariants (well-formed,
+    no-duplicate-rows, answer-once), whose verdict the event carries as `structure`.
     """
     twins = of_type(events, "twin")
     violations: list[Violation] = []
@@ -115,6 +117,12 @@ def recovery_determinism(events: Sequence[dict[str, Any]]) -> Verdict:
     for twin in twins:
         if twin.get("error"):
             continue
+        for name, structure in sorted((twin.get("structure") or {}).items()):
+            if structure.get("valid") is False:
+                found = sorted({v.get("invariant") for v in structure.get("violations", [])})
+                violations.append(Violation(RECOVERY_DETERMINISM, f"the {name} recovery left a transcript that "
+                                                                  f"breaks {', '.join(map(str, found))}", {
+                    "crash": twin.get("crash"), "twin": name, "violations": structure.get("violations", [])[:5]}))
         a, b = twin.get("a") or [], twin.get("b") or []
         if a != b:
             index = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -31,6 +31,14 @@ UNREADABLE = "unreadable"      # the database exists and cannot be read
 # example no dispatch intents, so no effect can be proven to follow a durable request).
 DAMAGE, CONTRACT = "damage", "contract"
 
+# Whatever its class, a violation is also one of three things to the target that shows it, decided
+# per target from its documents (supervisor.targets, applied by supervisor.chaos.checker.promises):
+# BROKEN_PROMISE: the target documents that this cannot happen; DOCUMENTED_BEHAVIOUR: the target's
+# documents say it can; BEYOND_PROMISE: this project's contract, which the target never claimed.
+# Ours promises the whole contract, so every violation of ours is a BROKEN_PROMISE.
+BROKEN_PROMISE, DOCUMENTED_BEHAVIOUR, BEYOND_PROMISE = "broken-promise", "documented-behaviour", "beyond-promise"
+PROMISE_LABELS = (BROKEN_PROMISE, DOCUMENTED_BEHAVIOUR, BEYOND_PROMISE)
+
 
 @dataclass
 class Violation:
@@ -38,9 +46,17 @@ class Violation:
     message: str
     witness: dict[str, Any] = field(default_factory=dict)
     kind: str = DAMAGE  # DAMAGE or CONTRACT (serialised as "class")
+    # One of PROMISE_LABELS, and the document it rests on (a URL and section, or a document and section);
+    # None until the case's target has been asked (check_case asks it for every violation).
+    promise: str | None = None
+    promise_doc: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"invariant": self.invariant, "class": self.kind, "message": self.message, "witness": self.witness}
+        out: dict[str, Any] = {"invariant": self.invariant, "class": self.kind, "message": self.message,
+                               "witness": self.witness}
+        if self.promise is not None:
+            out.update(promise=self.promise, promise_doc=self.promise_doc)
+        return out
 
 
 @dataclass
@@ -92,7 +108,11 @@ def compose(verdicts: list[Verdict], name: str = "composed") -> Verdict:
             valid = verdict.valid
     counts = {f"{v.name}.{key}": n for v in verdicts for key, n in v.counts.items()}
     notes = [f"{v.name}: {v.message}" for v in verdicts if v.valid is not True and v.message]
-    reasons = tuple(dict.fromkeys(r for v in verdicts if v.valid == UNKNOWN for r in v.reasons))
+    # Reasons say why a verdict is "unknown". A False one is no less False for a part that was
+    # not judged too: carrying "no-kill" on it would let a run that showed a violation pass
+    # for one that tested nothing (and be run again, and its violation lost).
+    reasons = tuple(dict.fromkeys(r for v in verdicts if v.valid == UNKNOWN for r in v.reasons)) \
+        if valid == UNKNOWN else ()
     return Verdict(valid=valid, violations=[x for v in verdicts for x in v.violations], counts=counts,
                    name=name, message="; ".join(notes), parts=list(verdicts), reasons=reasons)
 

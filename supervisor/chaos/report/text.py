@@ -21,10 +21,15 @@ def table(summary: dict[str, Any]) -> str:
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
+    faults = fault_rows(summary)
+    if faults:
+        lines += [f"fault {name}: {row}" for name, row in faults] + [""]
     lines.append(_totals(summary))
     note = partial_note(summary)
     if note:
         lines.append(note)
+    for name in summary.get("faults_unlanded") or []:
+        lines.append(f"  fault never landed: {name}: {_skip_text(summary['faults'][name])}")
     for v in summary["violations"]:
         lines.append(f"  {v['invariant']} ({v['class']}): {v['case']}: {v['message']}\n    repro: {v['repro']}")
     for u in summary["unknown"]:
@@ -55,11 +60,32 @@ def partial_note(summary: dict[str, Any]) -> str | None:
             f"{f' (stopped by {why})' if why else ''}{plan}")
 
 
+def other_deaths_text(summary: dict[str, Any]) -> str:
+    """Deaths the nemesis did not plan, by cause ("self 47, timeout 1"), or "none"."""
+    deaths = summary.get("other_deaths") or {}
+    return ", ".join(f"{cause} {n}" for cause, n in deaths.items()) or "none"
+
+
+def fault_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each requested fault family with what became of it: "planned 12, landed 9, skipped 3"."""
+    return [(name, f"planned {row['planned']}, landed {row['landed']}, skipped {row['skipped']}")
+            for name, row in (summary.get("faults") or {}).items()]
+
+
+def _skip_text(row: dict[str, Any]) -> str:
+    why = row.get("why_skipped") or {}
+    reasons = "; ".join(f"{reason} ({n})" for reason, n in why.items())
+    return f"planned {row['planned']}, landed 0" + (f", skipped because: {reasons}" if reasons else "")
+
+
 def _totals(summary: dict[str, Any]) -> str:
     by_class = summary["violations_by_class"]
     reaimed = summary.get("reaimed", 0)
-    return (f"cases {summary['cases']}, kills landed {summary['kills']}, no-kill cases {summary['no_kill']}, "
+    never = summary.get("faults_unlanded") or []
+    return (f"cases {summary['cases']}, kills landed {summary['kills']}, other deaths {other_deaths_text(summary)}, "
+            f"no-kill cases {summary['no_kill']}, "
             f"{f'timers aimed again {reaimed}, ' if reaimed else ''}"
+            f"{f'faults never landed {len(never)}, ' if never else ''}"
             f"violations {len(summary['violations'])} (damage {by_class['damage']}, contract {by_class['contract']}), "
             f"not judged {len(summary['unknown'])}, verdict {verdict_word(summary)}")
 
@@ -91,6 +117,17 @@ def markdown(summary: dict[str, Any]) -> str:
     note = partial_note(summary)
     if note:
         lines += [f"**{note}.**", ""]
+    faults = summary.get("faults") or {}
+    if faults:
+        lines += ["| fault | planned | landed | skipped | why skipped |", "| --- | --- | --- | --- | --- |"]
+        for name, row in faults.items():
+            why = "; ".join(f"{reason} ({n})" for reason, n in (row.get("why_skipped") or {}).items())
+            lines.append(f"| `{name}` | {row['planned']} | {row['landed']} | {row['skipped']} | {why or '-'} |")
+        lines.append("")
+    never = summary.get("faults_unlanded") or []
+    if never:
+        lines += [f"**Faults asked for that never landed: {', '.join(f'`{n}`' for n in never)}.** "
+                  "The campaign tested nothing of them, and fails.", ""]
     lines += ["| kill point | hit | cases | violations |", "| --- | --- | --- | --- |"]
     for name, e in summary["points"].items():
         lines.append(f"| `{name}` | {'yes' if e['hit'] else ('-' if not e['cases'] else 'NO')} | {e['cases']} | "

@@ -1,0 +1,78 @@
+"""Deaths, by cause: which worker deaths the nemesis planned and landed, and which it did not.
+
+A case's `kills` count only the first kind; every other death is counted apart, by cause, so a
+worker that dies for some other reason can never stand in for a kill that did not land.
+
+    nemesis      the kill planned for that worker: it reported the planned probe hit as its last
+                 word and died of SIGKILL (mode self: it killed itself there; mode external: the
+                 supervisor killed it while it waited), or the supervisor's planned timer killed it
+    self         SIGKILL while it ran a tool, with no kill announced (a tool that restarts its own
+                 worker: the last thing the worker reported was that tool's effect)
+    timeout      the supervisor killed it for taking too long
+    unannounced  SIGKILL that neither the worker nor the supervisor announced (something outside)
+    SIGxxx       any other signal (a crash)
+
+Workers are the history's `exit` events and the `twin_run` events of twin recoveries.
+"""
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from typing import Any, Sequence
+
+NEMESIS, SELF, TIMEOUT, UNANNOUNCED = "nemesis", "self", "timeout", "unannounced"
+
+# What a worker reports over its control channel; anything of these after a kill's report means
+# the worker lived on past the kill it announced.
+_REPORTS = frozenset({"hello", "probe", "ui", "effect", "outcome"})
+
+
+def death_causes(events: Sequence[dict[str, Any]]) -> dict[int, str]:
+    """incarnation -> why that worker died, for every worker of the case that died of a signal."""
+    announced: dict[int, int] = {}     # incarnation -> index of the probe hit that announced its kill
+    kills: dict[int, str] = {}         # incarnation -> who the supervisor recorded killing it
+    last_report: dict[int, dict[str, Any]] = {}
+    lived_on: set[int] = set()
+    dead: dict[int, int] = {}          # incarnation -> signal
+    for index, event in enumerate(events):
+        kind, inc = event.get("type"), event.get("incarnation")
+        if inc is None:
+            continue
+        if kind in _REPORTS:
+            if inc in announced:
+                lived_on.add(inc)
+            last_report[inc] = event
+            if kind == "probe" and event.get("kill") is True and event.get("mode") != "pause":
+                announced.setdefault(inc, index)
+        elif kind == "kill":
+            kills.setdefault(inc, str(event.get("by")))
+        elif kind in ("exit", "twin_run") and event.get("signal") is not None:
+            dead[inc] = int(event["signal"])
+    causes = {}
+    for inc, signum in dead.items():
+        by = kills.get(inc)
+        if signum != signal.SIGKILL:
+            causes[inc] = _signal_name(signum)
+        elif by == "timeout":
+            causes[inc] = TIMEOUT
+        elif by == "timer" or (inc in announced and inc not in lived_on and by in ("self", "supervisor")):
+            causes[inc] = NEMESIS
+        elif (last_report.get(inc) or {}).get("type") == "effect":
+            causes[inc] = SELF
+        else:
+            causes[inc] = UNANNOUNCED
+    return causes
+
+
+def count_deaths(events: Sequence[dict[str, Any]]) -> tuple[int, dict[str, int]]:
+    """(kills the nemesis planned and landed, every other death counted by cause)."""
+    causes = Counter(death_causes(events).values())
+    landed = causes.pop(NEMESIS, 0)
+    return landed, dict(sorted(causes.items()))
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -1,0 +1,189 @@
+"""What the verdict counts: kills the nemesis planned and landed (every other death apart, by
+cause), every run of a case, and every fault family planned, landed or skipped."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.chaos.campaign import runs_result, summarize
+from supervisor.chaos.checker import NO_KILL, UNKNOWN, Verdict, Violation, compose, coverage, unknown_verdict
+from supervisor.chaos.checker.deaths import count_deaths, death_causes
+from supervisor.chaos.generator import Case, case_file_stem
+from supervisor.chaos.nemesis import Fault
+from supervisor.chaos.nemesis.accounting import account, add_rows, campaign_rows, unlanded
+from supervisor.chaos.runner import CaseResult
+
+REPO = Path(__file__).resolve().parent.parent
+KILL, SEGV = int(signal.SIGKILL), int(signal.SIGSEGV)
+
+
+def _probe(inc: int, name: str, n: int = 1, kill: bool = False, mode: str = "self") -> dict[str, Any]:
+    return {"type": "probe", "incarnation": inc, "name": name, "n": n, "kill": kill,
+            **({"mode": mode} if kill else {})}
+
+
+def _exit(inc: int, sig: int | None = KILL, code: int | None = None) -> dict[str, Any]:
+    return {"type": "exit", "incarnation": inc, "signal": sig, "returncode": code}
+
+
+def _kill(inc: int, by: str) -> dict[str, Any]:
+    return {"type": "kill", "incarnation": inc, "by": by, "signal": KILL}
+
+
+# ------------------------------------------------------------------ deaths, by cause
+def test_a_kill_announced_as_the_workers_last_word_is_the_nemesis() -> None:
+    events = [_probe(1, "tool.dispatch.before"), _probe(1, "tool.dispatch.after", kill=True),
+              _kill(1, "self"), _exit(1)]
+    assert death_causes(events) == {1: "nemesis"}
+    assert count_deaths(events) == (1, {})
+
+
+def test_a_worker_that_lived_on_past_its_announced_kill_died_of_something_else() -> None:
+    lived_on = [_probe(1, "tool.dispatch.before", kill=True), _kill(1, "self"),
+                {"type": "effect", "incarnation": 1, "tool": "restart_agent"}, _exit(1)]
+    assert death_causes(lived_on) == {1: "self"}
+    assert count_deaths(lived_on) == (0, {"self": 1})
+    verdict = coverage(lived_on, Fault("probe", probe="tool.dispatch.before", n=1))
+    assert verdict.valid == UNKNOWN and verdict.reasons == (NO_KILL,), verdict.message
+    assert "self" in verdict.message
+
+
+def test_deaths_no_one_planned_are_counted_by_cause() -> None:
+    events = [
+        {"type": "effect", "incarnation": 1, "tool": "restart_agent"}, _exit(1),      # a tool killed its worker
+        _probe(2, "turn.start"), _kill(2, "timeout"), _exit(2),                       # hung, killed by the supervisor
+        _probe(3, "turn.start"), _exit(3),                                            # SIGKILL from outside
+        _exit(4, SEGV),                                                               # a crash
+        _kill(5, "timer"), _exit(5),                                                  # the planned timer
+        _probe(6, "finalize.before", kill=True, mode="external"), _kill(6, "supervisor"), _exit(6),
+        _exit(7, None, 0), _exit(8, None, 1),                                         # no signal: no death
+        {"type": "twin_run", "incarnation": 9, "signal": None, "returncode": 0},
+        _kill(10, "timeout"), {"type": "twin_run", "incarnation": 10, "signal": KILL, "returncode": None},
+    ]
+    assert count_deaths(events) == (2, {"SIGSEGV": 1, "self": 1, "timeout": 2, "unannounced": 1})
+
+
+def test_a_pause_is_no_kill_even_when_its_worker_dies_later() -> None:
+    events = [_probe(1, "finalize.before", kill=True, mode="pause"), _probe(1, "finalize.after"), _exit(1)]
+    assert death_causes(events) == {1: "unannounced"}
+
+
+# ------------------------------------------------------------------ verdicts over runs
+def _result(verdict: Verdict, *, kills: int = 0, delay_ms: int = 100, directory: str = "d",
+            other: dict[str, int] | None = None, faults: dict[str, Any] | None = None) -> CaseResult:
+    case = Case("single-tool", Fault("timer", delay_ms=delay_ms, aim=5000))
+    return CaseResult(case, verdict, kills, 0, 0.5, other_deaths=other or {}, faults=faults or {},
+                      directory=directory)
+
+
+def _no_kill() -> Verdict:
+    return compose([Verdict(True, [], {}, "well-formed"),
+                    unknown_verdict("coverage", "no-kill: the timer landed on no live worker", NO_KILL)], "case")
+
+
+def test_a_false_verdict_never_carries_no_kill() -> None:
+    found = Verdict(False, [Violation("no-duplicate-rows", "two results", {"row_ids": [3, 4]})], {}, "no-duplicate-rows")
+    verdict = compose([found, unknown_verdict("coverage", "no-kill: ...", NO_KILL)], "case")
+    assert verdict.valid is False and verdict.reasons == ()
+    assert not _result(verdict).no_kill, "a run that showed a violation is not one that tested nothing"
+
+
+def test_a_violation_in_a_run_whose_timer_missed_fails_the_case() -> None:
+    first = compose([Verdict(False, [Violation("no-duplicate-rows", "two results", {"row_ids": [3, 4]})], {},
+                             "no-duplicate-rows"), unknown_verdict("coverage", "no-kill", NO_KILL)], "case")
+    combined = runs_result([_result(first, delay_ms=1500, directory="a"),
+                            _result(Verdict(True, [], {}, "case"), kills=1, delay_ms=90, directory="a~2")])
+    assert combined.verdict.valid is False and combined.verdict.reasons == ()
+    assert [v.witness["run"] for v in combined.verdict.violations] == [1]
+    assert [r["directory"] for r in combined.runs] == ["a", "a~2"]
+    assert [r["verdict"]["valid"] for r in combined.runs] == [False, True]
+    assert "1500ms" in combined.runs[0]["repro"] and "90ms" in combined.runs[1]["repro"]
+    violation = summarize([combined])["violations"][0]
+    assert violation["repro"] == combined.runs[0]["repro"], "a violation's repro reruns the run that showed it"
+
+
+def test_a_missed_timer_is_superseded_by_the_run_aimed_again_and_nothing_else_is() -> None:
+    landed = _result(Verdict(True, [], {}, "case"), kills=1, directory="a~2", other={"self": 1})
+    superseded = runs_result([_result(_no_kill(), directory="a", other={"timeout": 1}), landed])
+    assert superseded.verdict.valid is True and superseded.kills == 1 and superseded.reaimed
+    assert superseded.other_deaths == {"self": 1, "timeout": 1}
+    assert len(superseded.runs) == 2 and superseded.runs[0]["no_kill"] is True
+
+    harness = compose([unknown_verdict("harness", "the observer failed", "undetermined"),
+                       unknown_verdict("coverage", "no-kill", NO_KILL)], "case")
+    kept = runs_result([_result(harness, directory="b"), _result(Verdict(True, [], {}, "case"), kills=1)])
+    assert kept.verdict.valid == UNKNOWN and "undetermined" in kept.verdict.reasons
+    assert NO_KILL not in kept.verdict.reasons
+
+
+# ------------------------------------------------------------------ faults, accounted
+def test_a_planned_fault_is_landed_skipped_with_its_reason_or_never_reached() -> None:
+    events = [{"type": "fault", "fault": "readonly", "landed": True},
+              {"type": "fault", "fault": "corrupt", "landed": False, "reason": "no table yet"}]
+    rows = account(events, ("readonly", "corrupt", "twin-recovery", "locked", "http500"), kills_planned=True)
+    assert rows["readonly"] == {"planned": 1, "landed": 1, "skipped": 0, "why_skipped": {}}
+    assert rows["corrupt"] == {"planned": 1, "landed": 0, "skipped": 1, "why_skipped": {"no table yet": 1}}
+    assert rows["twin-recovery"]["skipped"] == 1 and rows["locked"]["skipped"] == 1
+    assert "http500" not in rows, "the model's faults are counted for the campaign"
+    fault_free = account([], ("readonly", "locked"), kills_planned=False)
+    assert fault_free["readonly"]["planned"] == 0 and fault_free["locked"]["planned"] == 1
+
+
+def test_a_family_that_never_landed_fails_the_campaign() -> None:
+    skipped = {"corrupt": {"planned": 1, "landed": 0, "skipped": 1, "why_skipped": {"no table yet": 1}}}
+    summary = summarize([_result(Verdict(True, [], {}, "case"), kills=1, faults=skipped)],
+                        campaign_rows({"http500": 2}, ("corrupt", "http500", "http429")))
+    assert summary["ok"] is False and summary["faults_unlanded"] == ["corrupt", "http429"]
+    assert summary["faults"]["http500"]["landed"] == 2
+    assert summary["violations"] == [] and summary["unknown"] == []
+    total: dict[str, dict[str, Any]] = {}
+    add_rows(total, skipped)
+    add_rows(total, {"corrupt": {"planned": 2, "landed": 1, "skipped": 1, "why_skipped": {"no table yet": 1}}})
+    assert total["corrupt"] == {"planned": 3, "landed": 1, "skipped": 2, "why_skipped": {"no table yet": 2}}
+    assert unlanded(total) == []
+
+
+# ------------------------------------------------------------------ end to end
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_self_kills_are_counted_apart_from_the_kills_the_nemesis_landed(tmp_path: Path) -> None:
+    """In the self-kill scenario a tool SIGKILLs its own worker in most cases: `kills` counts
+    exactly the planned kills that landed, one per case, and the tool's deaths go to `self`."""
+    report_dir = tmp_path / "report"
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "chaos", "--mode", "exhaustive", "--scenario",
+                             "self-kill", "--jobs", "2", "--report", str(report_dir)], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    planned = [r for r in report["results"] if r["fault"]]
+    assert planned and report["no_kill"] == 0
+    assert all(r["kills"] == 1 for r in planned) and report["kills"] == len(planned)
+    # The tool's own deaths, counted from each case's history: a worker that died of SIGKILL while
+    # restart_agent ran (its last report was that tool's effect) without announcing a kill.
+    tool_deaths = 0
+    for r in report["results"]:
+        events = json.loads((report_dir / "cases" / f"{case_file_stem(r['case'])}.json").read_text())["events"]
+        last: dict[int, dict[str, Any]] = {}
+        for e in events:
+            if e["type"] in ("probe", "effect", "ui", "outcome", "hello"):
+                last[e["incarnation"]] = e
+            elif e["type"] == "exit" and e["signal"] == KILL:
+                report_of = last.get(e["incarnation"], {})
+                tool_deaths += report_of.get("type") == "effect" and report_of.get("tool") == "restart_agent"
+        assert r["other_deaths"] == ({"self": r["other_deaths"]["self"]} if r["other_deaths"] else {})
+    assert tool_deaths > len(planned) // 2 and report["other_deaths"] == {"self": tool_deaths}
+    assert f"kills landed {len(planned)}, other deaths self {tool_deaths}" in out
