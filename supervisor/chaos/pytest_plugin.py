@@ -13,12 +13,18 @@ from them (the same plan in each: supervisor.chaos.plan) and runs the cases of i
 campaign of its own (one scripted model server, one worker pool), closed when the session ends.
 `--mode double` is refused: its second kills are derived from runs of its first.
 
+Faults are accounted as the campaign command accounts them (supervisor.chaos.nemesis.accounting):
+each item reports its case's fault rows, and the model's faults its process's model has served so
+far; the process that gathers every report (xdist's controller, or the only one) adds them up,
+and a `--faults` family that never landed fails the session, saying so.
+
 The package registers this module as a pytest plugin (the `pytest11` entry point in
 pyproject.toml); without the installed entry point, `pytest -p supervisor.chaos.pytest_plugin`
 loads it. Loaded, it imports nothing of the harness until --hermes-chaos is given.
 """
 from __future__ import annotations
 
+import os
 import shlex
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +98,10 @@ class ChaosSession:
         self.config, self.campaign_id = campaign_config(text)
         self.campaign: Campaign | None = None
         self.done: dict[str, CaseResult] = {}  # the fault-free runs, run at collection
+        # What the items reported of the faults: their cases' rows, and per process what its model served.
+        self.case_faults: list[dict[str, Any]] = []
+        self.model_faults: dict[str, dict[str, Any]] = {}
+        self.unlanded: list[str] = []
 
     @pytest.hookimpl(tryfirst=True)  # before -k and -m select among the items
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
@@ -139,10 +149,35 @@ class ChaosSession:
         assert self.campaign is not None
         return self.campaign.run_case(case)
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        properties = dict(report.user_properties)
+        if "faults" in properties:
+            self.case_faults.append(properties["faults"])
+        if "model_faults" in properties:
+            process, rows = properties["model_faults"]
+            self.model_faults[process] = rows  # cumulative: the process's latest report has them all
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.campaign is not None:
             self.campaign.close()
             self.campaign = None
+        if hasattr(session.config, "workerinput") or not self.config.faults or not self.case_faults:
+            return  # an xdist worker (its controller gathers the reports), or nothing to account
+        from supervisor.chaos.nemesis.accounting import add_rows, unlanded
+
+        total: dict[str, dict[str, Any]] = {}
+        for rows in [*self.case_faults, *self.model_faults.values()]:
+            add_rows(total, rows)
+        self.unlanded = unlanded(total)
+        if self.unlanded and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.unlanded:
+            terminalreporter.write_line(f"hermes-chaos: faults asked for that never landed: {', '.join(self.unlanded)} "
+                                        "(the campaign tested nothing of them)", red=True)
 
 
 class CampaignNode(pytest.Collector):
@@ -164,6 +199,11 @@ class CaseItem(pytest.Item):
             pytest.skip("the campaign was stopped before this case finished")
         self.user_properties.append(("repro", result.repro()))
         self.user_properties.append(("kills", result.kills))
+        self.user_properties.append(("other_deaths", result.other_deaths))
+        self.user_properties.append(("faults", result.faults))
+        if self.chaos.campaign is not None:
+            process = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            self.user_properties.append(("model_faults", (process, self.chaos.campaign.campaign_faults())))
         if result.verdict.valid is not True:
             raise CaseFailed(result)
 
