@@ -54,6 +54,7 @@ from workerutil import (
 from hermes.resume import resume_interrupted_turn
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
+from supervisor.chaos.nemesis.storage import DamagedPages
 from worker.protocol import EXIT_TURN_FAILED
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
@@ -67,43 +68,15 @@ INTERRUPT_AT = "callback.tool_complete.after:1"
 
 # ---------------------------------------------------------------- the faults
 class DamagedTable:
-    """Overwrite the root pages of one table and its indexes in the file; `mend` writes them back."""
+    """The nemesis's `corrupt` fault, aimed at one table: its root pages (and its indexes') overwritten."""
 
     def __init__(self, db: Path, table: str) -> None:
         self.db = db
-        conn = sqlite3.connect(db, isolation_level=None)
-        try:
-            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            assert busy == 0, "a reader kept the WAL from being checkpointed"
-            self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-            roots = [r for (r,) in conn.execute(
-                "SELECT rootpage FROM sqlite_master WHERE tbl_name = ? AND rootpage > 1", (table,))]
-        finally:
-            conn.close()
-        assert roots, f"table {table} has no pages to damage"
-        self.saved: dict[int, bytes] = {}
-        with open(db, "r+b") as fh:
-            for page in roots:
-                fh.seek((page - 1) * self.page_size)
-                self.saved[page] = fh.read(self.page_size)
-                fh.seek((page - 1) * self.page_size)
-                fh.write(b"\xa5" * self.page_size)
-            fh.flush()
-            os.fsync(fh.fileno())
+        self.fault = DamagedPages(db.parent, table)
+        assert self.fault.break_storage(db) is not None, f"table {table} has no pages to damage"
 
     def mend(self) -> None:
-        with open(self.db, "r+b") as fh:
-            for page, data in self.saved.items():
-                fh.seek((page - 1) * self.page_size)
-                fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        self.saved.clear()
-        conn = sqlite3.connect(self.db, isolation_level=None)
-        try:
-            assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        finally:
-            conn.close()
+        self.fault.mend(self.db)
 
 
 # The WAL-index locks (https://sqlite.org/walformat.html): byte 120 + index in the -shm file,

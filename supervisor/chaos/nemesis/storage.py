@@ -245,8 +245,9 @@ class ReadOnlyFile(StorageFault):
 class DamagedPages(StorageFault):
     cause = "corrupt"
 
-    def __init__(self, case_dir: Path) -> None:
+    def __init__(self, case_dir: Path, table: str | None = None) -> None:
         super().__init__(case_dir)
+        self.table = table  # damage only this table and its indexes (None: every table)
         self.saved: dict[int, bytes] = {}
         self.page_size = 0
 
@@ -254,7 +255,8 @@ class DamagedPages(StorageFault):
         conn = _checkpoint(db)
         try:
             self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-            roots = [r for (r,) in conn.execute("SELECT rootpage FROM sqlite_master WHERE rootpage > 1")]
+            roots = [r for (r,) in conn.execute("SELECT rootpage FROM sqlite_master WHERE rootpage > 1 "
+                                                "AND (? IS NULL OR tbl_name = ?)", (self.table, self.table))]
         finally:
             conn.close()
         if not roots:  # killed before its schema was committed: a file with no table to damage
