@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from test_checker import SID, Scenario, call, failing, holds
 
 from hermes.resume import UNKNOWN_OUTCOME
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, ToolContext, ToolRegistry
 from supervisor.chaos.checker import KEYED_WRITES, NO_LEDGER, UNKNOWN, effect_semantics, result_fidelity
-from test_checker import SID, Scenario, call, failing, holds
 from worker import chaos_tools
 
 SET = call("c-set", "set_value", '{"key": "flag", "value": "on"}')

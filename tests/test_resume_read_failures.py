@@ -29,7 +29,6 @@ The faults are real where storage can be made to fail for real here:
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
