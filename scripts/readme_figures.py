@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Measure the README's figures and rewrite its marked block.
 
-    python scripts/readme_figures.py            # run, then rewrite the block in README.md
+    python scripts/readme_figures.py            # run, store the bench's output, rewrite every block in README.md
     python scripts/readme_figures.py --print    # run, print the block, touch nothing
-    python scripts/readme_figures.py --check    # run, exit 1 if README.md's block differs
-    ... --no-bench                               # keep the README's bench part as it is
+    python scripts/readme_figures.py --check    # run, exit 1 if README.md's blocks differ
+    ... --no-bench                               # do not run the bench: its part comes from the stored run
+    python scripts/readme_figures.py --stored   # run nothing: render every stored block into README.md
+    python scripts/readme_figures.py --check --stored   # run nothing: exit 1 if a stored block differs
+    python scripts/readme_figures.py --store-memory     # run the long memory check, store it, render
     python scripts/readme_figures.py --store-upstream   # run the campaigns against both targets
                                                         # (needs the [upstream] extra), store them
     ... --store-upstream double                          # run just the named modes, keep the others
@@ -15,15 +18,22 @@ run on demand (``--store-upstream``) and their condensed reports stored in
 (between ``<!-- upstream:begin -->`` and ``<!-- upstream:end -->``) from that stored file, and
 ``--check`` (and ``tests/test_readme_figures.py``) compare it exactly.
 
+Stored figures (rendered the same way, compared exactly): the full bench's table
+(``docs/figures/bench.json``), the performance targets and the long memory run rendered from it
+(``scripts/bench_figures.py``: ``<!-- performance:begin -->``, ``<!-- memory:begin -->``), the
+campaign-at-scale proof (``scripts/proof_figures.py``, ``docs/figures/proof.json``:
+``<!-- proof:begin -->``) and the targets table (``scripts/target_figures.py``).
+
 The block sits between ``<!-- figures:begin -->`` and ``<!-- figures:end -->`` in README.md.
 It holds two parts:
 
 * chaos figures from the quick variant of the exhaustive campaign (two scenarios, run as
-  ``python -m supervisor chaos`` exactly as a user would): cases, kills injected, kill
+  ``python -m supervisor chaos`` exactly as a user would): cases, kills landed and other deaths, kill
   points covered, violations (exact counts: the scripted model makes them deterministic),
   and cases per second and wall time (timings);
-* the benchmark table printed by ``python scripts/bench.py`` (the full bench), when that script
-  exists, or a line saying it is produced there.
+* the benchmark table printed by ``python scripts/bench.py`` (the full bench), rendered from its
+  stored run (``docs/figures/bench.json``, with the date it ran), which a run of this script
+  without ``--no-bench`` or ``--stored`` replaces.
 
 The full bench also redraws the README's charts (``docs/figures/flush-vs-rows.svg`` and
 ``docs/figures/recovery-latency.svg``, next to the block) when matplotlib is installed (the
@@ -31,8 +41,8 @@ The full bench also redraws the README's charts (``docs/figures/flush-vs-rows.sv
 
 Every timing-dependent value of the chaos part is written with a leading ``~`` (``~5.02``),
 and only those: :func:`normalize` replaces them, so a check compares every count exactly
-and every timing by its shape. The bench part is all timings: a check compares its shape
-(:func:`bench_part_ok`). ``tests/test_readme_figures.py`` runs the campaign afresh and compares.
+and every timing by its shape. The bench part is compared exactly with its store.
+``tests/test_readme_figures.py`` runs the campaign afresh and compares.
 """
 from __future__ import annotations
 
@@ -50,7 +60,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run as a file: `hermes` must import from this checkout
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # last: `bench` stays the package, not scripts/bench.py
+import bench_figures  # noqa: E402  (the bench's stored table, the performance targets, the long memory run)
+import proof_figures  # noqa: E402  (the campaign-at-scale proof: its own store)
 import target_figures  # noqa: E402  (the targets table: its own store, rendered into the same README)
 from target_figures import condense  # noqa: E402
 
@@ -64,6 +76,7 @@ CHAOS_ARGS = ("chaos", "--mode", "exhaustive", *[a for s in SCENARIOS for a in (
 BENCH_SCRIPT = REPO / "scripts" / "bench.py"
 BENCH_ARGS: tuple[str, ...] = ()  # the full bench: the README shows measurements, not smoke sizes
 BENCH_COMMAND = " ".join(("python scripts/bench.py", *BENCH_ARGS))
+MEMORY_ARGS = ("--long", "--only", "memory", "--no-charts")
 CAMPAIGN_TIMEOUT_S = 600.0
 BENCH_TIMEOUT_S = 1800.0
 TIMING = re.compile(r"~\d+(?:\.\d+)?")
@@ -74,7 +87,7 @@ UPSTREAM_MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("exhaustive", ()), ("pause", ()), ("random", ("--runs", "200", "--seed", "2026")), ("double", ()))
 UPSTREAM_TIMEOUT_S = 3 * 3600.0  # double mode against upstream: thousands of cases, two kills each
 BENCH_ABSENT = ("Benchmarks: the bench table is produced by `scripts/bench.py` (`python scripts/bench.py`); "
-                "that script did not exist when this block was generated.")
+                "no run of it is stored in docs/figures/bench.json.")
 
 
 # ---------------------------------------------------------------------------- running
@@ -110,8 +123,8 @@ def chaos_figures(report_dir: Path | None = None) -> dict[str, Any]:
                                f"{done.stderr[-3000:]}")
         report = json.loads(path.read_text(encoding="utf-8"))
     points = report["points"]
-    return {"cases": report["cases"], "kills": report["kills"],
-            "covered": sum(1 for p in POINTS if points.get(p, {}).get("hit")), "points": len(POINTS),
+    return {"cases": report["cases"], "kills": report["kills"], "other_deaths": report.get("other_deaths") or {},
+            "no_kill": report["no_kill"], "covered": sum(1 for p in POINTS if points.get(p, {}).get("hit")), "points": len(POINTS),
             "violations": len(report["violations"]), "unfired": len(report["unfired"]),
             "cycles_per_second": report.get("cycles_per_second"), "wall_seconds": report.get("wall_seconds"),
             "exit": done.returncode}
@@ -121,20 +134,42 @@ def bench_available() -> bool:
     return BENCH_SCRIPT.is_file()
 
 
-def bench_part() -> str:
-    """The bench table as the README shows it, or a line saying where it comes from."""
+def run_bench() -> bool:
+    """Run the full bench and store its printed table first in docs/figures/bench.json.
+
+    False (the store untouched) when it failed: a failed run never replaces a measured one."""
     if not bench_available():
-        return BENCH_ABSENT
+        return False
     done = _run([sys.executable, str(BENCH_SCRIPT), *BENCH_ARGS], BENCH_TIMEOUT_S)
     for line in done.stderr.splitlines():
         if line.startswith("bench: charts:"):
             print(line, file=sys.stderr)  # the SVGs next to the block: redrawn, or why not
     if done.returncode != 0 or not done.stdout.strip():
-        return (f"Benchmarks: `{BENCH_COMMAND}` exited with status {done.returncode} when this block "
-                "was generated; the bench table is produced by `scripts/bench.py`.")
-    # Its output verbatim: every value in it is a timing, so a check compares only its shape.
-    return (f"Benchmarks (`{BENCH_COMMAND}`; every value is a timing on the machine that generated "
-            f"this block):\n\n```text\n{done.stdout.strip()}\n```")
+        print(f"warning: `{BENCH_COMMAND}` exited with status {done.returncode}: the stored run is kept\n"
+              f"{done.stderr[-3000:]}", file=sys.stderr)
+        return False
+    bench_figures.store_bench_run(done.stdout, command=BENCH_COMMAND)
+    return True
+
+
+def bench_part() -> str:
+    """The bench table as the README shows it: the stored run's, verbatim, with its command and date."""
+    if not bench_figures.BENCH_STORE.exists():
+        return BENCH_ABSENT
+    return bench_figures.bench_part(bench_figures.read_json(bench_figures.BENCH_STORE))
+
+
+def store_memory() -> dict[str, Any]:
+    """Run the long memory check (`scripts/bench.py --long --only memory`) and store its figures."""
+    with tempfile.TemporaryDirectory(prefix="readme-memory-") as tmp:
+        path = Path(tmp) / "bench.json"
+        done = _run([sys.executable, str(BENCH_SCRIPT), *MEMORY_ARGS, "--json", str(path)], BENCH_TIMEOUT_S)
+        if done.returncode != 0 or not path.exists():
+            raise RuntimeError(f"the memory check failed (exit {done.returncode})\n{done.stderr[-3000:]}")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    stored = bench_figures.memory_from_bench_json(data)
+    bench_figures.write_json(bench_figures.MEMORY_STORE, stored)
+    return stored
 
 
 # ---------------------------------------------------------------------------- the block
@@ -145,7 +180,9 @@ def _timing(value: float | None, digits: int = 2) -> str:
 def render_chaos(f: dict[str, Any]) -> str:
     command = "hermes-supervisor " + " ".join(CHAOS_ARGS)
     rows = [("cases (fault-free runs + one per kill)", str(f["cases"])),
-            ("kills injected (SIGKILL)", str(f["kills"])),
+            ("kills the nemesis planned that landed", str(f["kills"])),
+            ("other worker deaths (by cause)", ", ".join(f"{k} {n}" for k, n in f["other_deaths"].items()) or "0"),
+            ("planned kills that killed nothing (no-kill)", str(f["no_kill"])),
             ("kill points covered", f"{f['covered']} of {f['points']}"),
             ("violations", str(f["violations"])),
             ("planned kills that never fired", str(f["unfired"])),
@@ -179,13 +216,12 @@ def split_block(block: str) -> tuple[str, str]:
     return head, tail.removesuffix(END).strip("\n")
 
 
-def bench_part_ok(part: str) -> bool:
-    """Whether a block's bench part has the shape a run of this script gives it today."""
-    if not bench_available():
-        return part == BENCH_ABSENT
-    table = re.fullmatch(r"Benchmarks \(`python scripts/bench\.py(?: --quick)?`;[^\n]*\n\n```text\n.+\n```", part, re.S)
-    failed = part.startswith("Benchmarks: `python scripts/bench.py") and "exited with status" in part
-    return bool(table) or failed
+def with_bench_part(block: str, bench: str) -> str:
+    """The figures block with its bench part replaced (its chaos part kept as it is)."""
+    head, mark, _ = block.partition(BENCH_MARK)
+    if not mark:
+        raise ValueError(f"the figures block has no {BENCH_MARK} line")
+    return f"{head}{BENCH_MARK}\n{bench}\n{END}"
 
 
 def normalize(text: str) -> str:
@@ -321,10 +357,26 @@ def upstream_block() -> str:
     return render_upstream(json.loads(UPSTREAM_STORE.read_text(encoding="utf-8")))
 
 
+def stored_blocks() -> list[tuple[str, str, str]]:
+    """(name, the block as README.md holds it, the block rendered from its store) of every stored block."""
+    text = README.read_text(encoding="utf-8")
+    figures = read_block(text)
+    return [("upstream (docs/figures/upstream.json)", read_upstream_block(text), upstream_block()),
+            ("targets (docs/figures/targets.json)", target_figures.read_block(text), target_figures.block()),
+            ("bench part (docs/figures/bench.json)", figures, with_bench_part(figures, bench_part())),
+            *[(f"{begin} (docs/figures/bench.json, memory.json)", bench_figures.read_marked(text, begin, end), block)
+              for begin, end, block in bench_figures.blocks()],
+            ("proof (docs/figures/proof.json)", proof_figures.read_block(text), proof_figures.block())]
+
+
 def with_stored_blocks(text: str) -> str:
-    """`text` with its upstream and targets blocks rendered from their stores."""
+    """`text` with every stored block (upstream, targets, the bench part, performance, memory, proof)
+    rendered from its store."""
     text = text.replace(read_upstream_block(text), upstream_block(), 1)
-    return text.replace(target_figures.read_block(text), target_figures.block(), 1)
+    text = text.replace(target_figures.read_block(text), target_figures.block(), 1)
+    text = text.replace(read_block(text), with_bench_part(read_block(text), bench_part()), 1)
+    text = bench_figures.with_blocks(text)
+    return proof_figures.with_block(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,7 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--print", action="store_true", help="print the block, do not touch README.md")
     action.add_argument("--check", action="store_true", help="exit 1 if README.md's block differs from a fresh run")
-    parser.add_argument("--no-bench", action="store_true", help="keep the README's bench part as it is")
+    parser.add_argument("--no-bench", action="store_true", help="do not run the bench: render its stored run")
+    parser.add_argument("--stored", action="store_true",
+                        help="run nothing: render (or with --check, compare) only the blocks kept in docs/figures")
+    action.add_argument("--store-memory", action="store_true",
+                        help="run the long memory check (scripts/bench.py --long --only memory), store it, render")
     action.add_argument("--store-upstream", nargs="*", metavar="MODE", choices=[m for m, _ in UPSTREAM_MODES],
                         help="run the campaigns (all, or the named modes) against upstream hermes-agent and ours, "
                              "store them, render the block")
@@ -342,25 +398,38 @@ def main(argv: list[str] | None = None) -> int:
         # Read after the long runs: an edit made meanwhile must not be lost.
         README.write_text(with_stored_blocks(README.read_text(encoding="utf-8")), encoding="utf-8")
         return 0
-    text = README.read_text(encoding="utf-8")
-    if args.check and read_upstream_block(text) != upstream_block():
-        print("README's upstream block differs from docs/figures/upstream.json: run `python scripts/readme_figures.py`")
-        return 1
-    if args.check and target_figures.read_block(text) != target_figures.block():
-        print("README's targets block differs from docs/figures/targets.json: run `python scripts/readme_figures.py`")
-        return 1
-    text = with_stored_blocks(text)
+    if args.store_memory:
+        store_memory()
+        README.write_text(with_stored_blocks(README.read_text(encoding="utf-8")), encoding="utf-8")
+        return 0
+    if args.check:
+        differ = [name for name, current, rendered in stored_blocks() if current != rendered]
+        if differ:
+            print(f"README's stored blocks differ from their stores: {'; '.join(differ)}: "
+                  "run `python scripts/readme_figures.py --stored`")
+            return 1
+        if args.stored:
+            print("README's stored blocks match their stores")
+            return 0
+    if args.stored:
+        if args.print:
+            print("\n\n".join(rendered for _, _, rendered in stored_blocks()))
+        else:
+            README.write_text(with_stored_blocks(README.read_text(encoding="utf-8")), encoding="utf-8")
+        return 0
+    text = with_stored_blocks(README.read_text(encoding="utf-8"))
     chaos = chaos_figures()
     if chaos["violations"] or chaos["unfired"]:
         print(f"warning: the campaign did not pass (exit {chaos['exit']})", file=sys.stderr)
-    bench = split_block(read_block(text))[1] if args.no_bench else bench_part()
-    block = render(chaos, bench)
+    if not (args.no_bench or args.check or args.print):
+        run_bench()
+    block = render(chaos, bench_part())
     if args.print:
         print(block)
         return 0
     if args.check:
         current_chaos, current_bench = split_block(read_block(text))
-        same = normalize(current_chaos) == normalize(split_block(block)[0]) and bench_part_ok(current_bench)
+        same = normalize(current_chaos) == normalize(split_block(block)[0]) and current_bench == bench_part()
         print("README figures are current" if same else f"README figures differ from a fresh run:\n{block}")
         return 0 if same else 1
     # Read again: the bench takes minutes, and an edit made meanwhile must not be lost.

@@ -294,7 +294,8 @@ def test_merged_exhaustive_shards_are_the_unsharded_campaign(tmp_path: Path) -> 
     merged = supervisor("merge", str(tmp_path / "merged"), *map(str, shards))
     assert merged.returncode == 0, merged.stdout[-3000:] + merged.stderr[-3000:]
     a, b = read_report(tmp_path / "whole"), read_report(tmp_path / "merged")
-    for key in ("cases", "kills", "no_kill", "violations", "unknown", "points", "ok", "complete", "unreached"):
+    for key in ("cases", "kills", "other_deaths", "no_kill", "runs", "faults", "faults_unlanded", "violations", "unknown",
+                "points", "ok", "complete", "unreached"):
         assert a[key] == b[key], key
     assert [(r["case"], r["verdict"]["valid"]) for r in a["results"]] == \
         [(r["case"], r["verdict"]["valid"]) for r in b["results"]]

@@ -2,7 +2,8 @@
 
 The chaos counts (cases, kills injected, kill points covered, violations, planned kills
 that never fired) must equal a fresh run's exactly; timings (`~`-marked values) must be
-there with the same shape; the bench part must have the shape this checkout gives it.
+there with the same shape; the bench part must be the stored bench run (docs/figures/bench.json),
+rendered. The other stored blocks: here (upstream, targets) and in tests/test_readme_stored_figures.py.
 """
 from __future__ import annotations
 
@@ -44,9 +45,8 @@ def test_the_readme_figures_match_a_fresh_quick_run(tmp_path: Path) -> None:
     assert len(figures.TIMING.findall(current_chaos)) == len(figures.TIMING.findall(fresh_chaos)) == 2
     assert figures.normalize(current_chaos) == figures.normalize(fresh_chaos), (
         "README.md's figures are stale: run `python scripts/readme_figures.py` and commit the block")
-    assert figures.bench_part_ok(current_bench), (
-        "README.md's bench part does not match this checkout (scripts/bench.py appeared or went away): "
-        "run `python scripts/readme_figures.py`")
+    assert current_bench == figures.bench_part(), (
+        "README.md's bench part is not the stored bench run: run `python scripts/readme_figures.py --stored`")
     # The campaign this ran also wrote the HTML report a person would open.
     assert (tmp_path / "report" / "report.html").is_file()
 
@@ -59,12 +59,13 @@ def test_the_block_sits_in_the_measured_section() -> None:
 
 
 def test_a_changed_count_is_caught_and_a_changed_timing_is_not() -> None:
-    base = {"cases": 59, "kills": 57, "covered": 15, "points": 18, "violations": 0, "unfired": 0,
-            "cycles_per_second": 5.02, "wall_seconds": 11.7, "exit": 0}
+    base = {"cases": 59, "kills": 57, "other_deaths": {}, "no_kill": 0, "covered": 15, "points": 18, "violations": 0,
+            "unfired": 0, "cycles_per_second": 5.02, "wall_seconds": 11.7, "exit": 0}
     block = figures.render(base, figures.BENCH_ABSENT)
     slower = figures.render(dict(base, cycles_per_second=1.5, wall_seconds=40.25), figures.BENCH_ABSENT)
     assert block != slower and figures.normalize(block) == figures.normalize(slower)
-    for key, value in (("cases", 58), ("kills", 56), ("covered", 14), ("violations", 1), ("unfired", 2)):
+    for key, value in (("cases", 58), ("kills", 56), ("other_deaths", {"self": 1}), ("no_kill", 1), ("covered", 14),
+                       ("violations", 1), ("unfired", 2)):
         changed = figures.render(dict(base, **{key: value}), figures.BENCH_ABSENT)
         assert figures.normalize(changed) != figures.normalize(block), key
     unmeasured = figures.render(dict(base, cycles_per_second=None), figures.BENCH_ABSENT)
@@ -73,7 +74,8 @@ def test_a_changed_count_is_caught_and_a_changed_timing_is_not() -> None:
 
 def test_rewriting_touches_only_the_block() -> None:
     text = "# title\n\nintro ~1.5 s\n\n## Measured\n\n" + figures.BEGIN + "\nold\n" + figures.END + "\n\ntail\n"
-    new = figures.render({"cases": 3, "kills": 2, "covered": 2, "points": 18, "violations": 0, "unfired": 0,
+    new = figures.render({"cases": 3, "kills": 2, "other_deaths": {}, "no_kill": 0, "covered": 2, "points": 18,
+                          "violations": 0, "unfired": 0,
                           "cycles_per_second": 2.0, "wall_seconds": 1.5, "exit": 0}, figures.BENCH_ABSENT)
     out = figures.replace_block(text, new)
     assert out.startswith("# title\n\nintro ~1.5 s\n\n## Measured\n\n") and out.endswith("\n\ntail\n")
@@ -82,13 +84,17 @@ def test_rewriting_touches_only_the_block() -> None:
         figures.read_block("# no block here\n")
 
 
-def test_the_bench_part_is_checked_by_shape() -> None:
-    table = ("Benchmarks (`python scripts/bench.py --quick`; every value is a timing on the machine that "
-             "generated this block):\n\n```text\nfigure  value\n------  -----\nflush   41.2 us\n```")
-    if figures.bench_available():
-        assert figures.bench_part_ok(table) and not figures.bench_part_ok(figures.BENCH_ABSENT)
-    else:
-        assert figures.bench_part_ok(figures.BENCH_ABSENT) and not figures.bench_part_ok(table)
+def test_the_bench_part_is_the_stored_run_with_its_command_and_date() -> None:
+    _, current = figures.split_block(_readme_block())
+    assert current == figures.bench_part(), (
+        "README.md's bench part differs from docs/figures/bench.json: run `python scripts/readme_figures.py --stored`")
+    stored = figures.bench_figures.read_json(figures.bench_figures.BENCH_STORE)["runs"][0]
+    assert f"`{stored['command']}`, run on {stored['date']}" in current and stored["output"] in current
+    # A changed stored value is a changed block: the check is exact, not by shape.
+    changed = {"runs": [dict(stored, output=stored["output"].replace(" us ", " ms ", 1))]}
+    assert figures.bench_figures.bench_part(changed) != current
+    block = figures.read_block((REPO / "README.md").read_text(encoding="utf-8"))
+    assert figures.with_bench_part(block, figures.bench_part()) == block
 
 
 def test_the_upstream_block_is_generated_from_the_stored_campaigns() -> None:
@@ -135,5 +141,6 @@ def test_every_stored_target_row_shows_its_counts_and_its_command() -> None:
             continue
         for key in ("cases", "kills", "violations"):
             changed = copy.deepcopy(stored)
-            changed["rows"][row.key][key] += 1
+            for run in targets.runs_of(changed["rows"][row.key]):  # a row shows the range over its runs
+                run[key] += 1
             assert targets.render(changed) != block, (row.key, key)
