@@ -46,7 +46,9 @@ def bench_memory(report: Report, bench_dir: Path, runs: int, jobs: int, fork_sam
                           rss["10%"], ratio=rss["100%"] / rss["10%"], target="<= 1.10x",
                           passed=rss["100%"] / rss["10%"] <= 1.10 and not bad,
                           note=(f"jobs={jobs}, {len(results)} cases in {wall:.0f}s ({len(results) / wall:.1f}/s), "
-                                f"{bad} not valid; RSS at 50%: {rss.get('50%', float('nan')):.1f} MiB")))
+                                f"{bad} not valid; RSS at 50%: {rss.get('50%', float('nan')):.1f} MiB"),
+                          data={"cases": len(results), "jobs": jobs, "wall_seconds": wall, "not_valid": bad,
+                                "rss_mib": dict(rss)}))
     else:
         report.add(Figure("supervisor RSS, random campaign", None, "MiB", note=f"progress marks missing: {rss}"))
     template_rss = _template_rss()

@@ -24,6 +24,7 @@ class Figure:
     target: str = ""
     passed: bool | None = None  # None: informative, or not measured
     note: str = ""
+    data: dict[str, Any] = field(default_factory=dict)  # what `--json` readers take instead of parsing the note
 
     def verdict(self) -> str:
         if self.value is None:

@@ -1,7 +1,13 @@
 """`scripts/bench.py --quick` runs to its end and prints its table. Nothing here is about speed:
-the figures depend on the machine and its load, and PASS/FAIL is the bench's own report."""
+the figures depend on the machine and its load, and PASS/FAIL is the bench's own report.
+
+The README's performance block and long memory run are rendered from the bench's printed table and
+its `--json` file (scripts/bench_figures.py): the rows they read must keep their names, and the
+memory figure its data."""
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +25,8 @@ TIMEOUT_S = 900
 def test_quick_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
     env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "bench.py"), "--quick", "--dir", str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "bench.py"), "--quick", "--dir", str(tmp_path),
+                             "--json", str(tmp_path / "bench.json")],
                             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     pid = proc.pid  # its own session and process group, so the group id is this pid
@@ -44,3 +51,16 @@ def test_quick_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
         assert any(row.startswith(name) for row in rows), f"no {name!r} row in:\n{out}"
     assert any(row.startswith(("daemon:", "upstream")) for row in rows), out
     assert "error" not in " ".join(row.split("  ")[0] for row in rows), out  # no section crashed
+    # What the README's stored blocks read of a bench run (scripts/bench_figures.py).
+    spec = importlib.util.spec_from_file_location("bench_figures_smoke", REPO / "scripts" / "bench_figures.py")
+    assert spec and spec.loader
+    readers = sys.modules.setdefault("bench_figures_smoke", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(readers)  # registered first: its dataclasses look their module up
+    table = readers.parse_table(out)
+    for name in (readers.RECOVERY, readers.FRESH, readers.FLOOR, readers.SINGLE,
+                 *[readers.CPU + part for part in readers.CPU_PARTS]):
+        table.row(name)
+    assert table.matching(readers.DEMO) and table.matching(readers.RSS), out
+    assert [n for n in table.rows if n.startswith(readers.STAGE)], out
+    memory = readers.memory_from_bench_json(json.loads((tmp_path / "bench.json").read_text()))
+    assert memory["cases"] > 0 and set(memory["rss_mib"]) == {"10%", "50%", "100%"}, memory
