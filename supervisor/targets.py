@@ -2,7 +2,9 @@
 
 A target says what it promises (which decides a violation's class: breaking a rule that
 rests on a promise the target never made is a CONTRACT finding, anything else is DAMAGE,
-see supervisor.chaos.checker), what must be installed for it, whether the warm fork-server
+see supervisor.chaos.checker) and which of its own documents say what of each finding (a
+violation is a broken promise, documented behaviour, or beyond what the target ever claimed:
+supervisor.chaos.checker.promises), what must be installed for it, whether the warm fork-server
 template can start its workers and what that template imports for them before its first
 fork, and which schema reader turns its durable store into the checker's model. Nothing
 else in the harness knows which target it runs: a new target is an adapter on the worker
@@ -22,18 +24,94 @@ from supervisor.chaos.schema import langgraph as langgraph_schema
 from supervisor.chaos.schema import openai_agents as openai_agents_schema
 
 
+# What a violation is about beyond its invariant (derived by supervisor.chaos.checker.promises):
+# the second half of the (invariant, condition) keys below. ANY: every condition of the invariant.
+ANY = "*"
+REQUEST_NOT_DURABLE = "request-not-durable"    # durable-before-effect: no durable row asked for the call
+                                               # (whether or not its dispatch intent was there)
+INTENT_NOT_DURABLE = "intent-not-durable"      # durable-before-effect: only the dispatch intent was missing
+RAN_UNDISPATCHED = "ran-undispatched"          # effect-semantics: ran more often than durably dispatched
+RERUN = "rerun"                                # effect-semantics: a call ran (or a write was applied) more
+                                               # than its policy allows, after its worker was killed
+RERUN_AFTER_CHECKPOINT_KILL = "rerun-after-checkpoint-kill"  # ... killed inside the save of the next
+                                               # checkpoint after the call ran (LangGraph's put(), issue #8039)
+EFFECT_MISMATCH = "effect-mismatch"            # effect-semantics: any other (a result of a run that never
+                                               # was, a cancelled call that ran, an outcome dropped, a write lost)
+
+
 @dataclass(frozen=True)
 class Promises:
     """What a target promises beyond a durable transcript. A violation of a rule that rests on
-    a promise the target does not make is classed CONTRACT, not DAMAGE."""
+    a promise the target does not make is classed CONTRACT, not DAMAGE.
+
+    Apart from the class, what the target's own documents say of each violation, keyed by
+    (invariant, condition) (condition: one of the names above, or ANY): `promised` names the
+    document saying it cannot happen (the violation is a broken promise), `documented` the one
+    saying it can (documented behaviour); anything else is this project's contract, which the
+    target never claimed (beyond promise), resting on `claims`, the document of what it does
+    claim. `contract` set means the target promises this project's whole contract, on that
+    document: every violation is then a broken promise (ours).
+    """
 
     dispatch_intents: bool = True     # a durable intent precedes every tool run
     durable_requests: bool = True     # the assistant's tool-call row is durable before its tools run
     stream_retraction: bool = True    # streamed text ends committed or explicitly retracted
     durable_projections: bool = True  # nothing is shown before it is durable
+    promised: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    documented: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    claims: str = ""
+    contract: str = ""
 
 
-FULL_PROMISES = Promises()
+OUR_CONTRACT = "this project's README, The durability contract (each invariant: The verdict)"
+FULL_PROMISES = Promises(contract=OUR_CONTRACT)
+
+# The documents the other targets' labels rest on (facts from them, in our words).
+_HERMES_DOCS = "https://hermes-agent.nousresearch.com/docs"
+HERMES_AGENT_SESSIONS = (f"{_HERMES_DOCS}/user-guide/sessions: every conversation is saved in state.db with its "
+                         "full message history (tool calls and results included)")
+HERMES_AGENT_CLAIMS = (f"{_HERMES_DOCS}/user-guide/sessions and /developer-guide/session-storage: what state.db "
+                       "keeps (sessions, messages, search indexes; no dispatch record), nothing on when a row is "
+                       "written relative to a tool run or to what is shown, nor on what a killed turn leaves")
+_OA_SESSIONS = "https://openai.github.io/openai-agents-python/sessions/"
+OA_STORED_AFTER_RUN = (f"{_OA_SESSIONS}#core-session-behavior: a run's new items (tool calls and outputs "
+                       "included) are stored after the run, so they run and are streamed before they are stored")
+OA_HISTORY = f"{_OA_SESSIONS}#core-session-behavior: the stored items are the history every later run starts from"
+OA_CLAIMS = (f"{_OA_SESSIONS}: what a session stores and when; nothing records a tool call before it runs, "
+             "resuming is for a run paused for approval (not one killed mid-way), streamed events are never "
+             "retracted")
+_LG_DURABLE = "https://docs.langchain.com/oss/python/langgraph/durable-execution"
+_LG_PERSISTENCE = "https://docs.langchain.com/oss/python/langgraph/persistence"
+LG_RESUME = f"{_LG_DURABLE}: an interrupted run resumes from its last recorded state"
+LG_SYNC = f"{_LG_DURABLE}#sync: under durability \"sync\" every checkpoint is written before the next step starts"
+LG_ASYNC = (f"{_LG_DURABLE}#async: under durability \"async\" a checkpoint is written while the next step runs, "
+            "and may be missing if the process crashes")
+LG_EXIT = (f"{_LG_DURABLE}#exit: under durability \"exit\" nothing is written until the run ends, so a failure "
+           "mid-run cannot be recovered")
+LG_NODE_RERUN = (f"{_LG_DURABLE}#starting-points-for-resuming-workflows: a StateGraph resumes at the start of the "
+                 "node where execution stopped, so that node's side effects run again")
+LG_PENDING_WRITES = (f"{_LG_PERSISTENCE}#pending-writes: a node that completed keeps its writes, so a resume "
+                     "does not run it again; https://github.com/langchain-ai/langgraph/issues/8039 (labelled bug): "
+                     "under \"sync\" a kill inside the next checkpoint's save can still lose them and rerun the node")
+LG_CLAIMS = (f"{_LG_PERSISTENCE}: a checkpoint per step and a node's writes once it returns; nothing records a "
+             "tool call before it runs, nothing retracts streamed output")
+
+
+def _langgraph(durability: str, mode_doc: str) -> Promises:
+    """What LangGraph promises under one durability mode: only "sync" saves the model's tool-call
+    message before the tools node starts; a node stopped mid-way runs again in every mode."""
+    sync = durability == "sync"
+    promised = {("no-lost-rows", ANY): LG_RESUME}
+    documented = {("effect-semantics", RERUN): LG_NODE_RERUN}
+    if sync:
+        promised |= {("durable-before-effect", REQUEST_NOT_DURABLE): mode_doc,
+                     ("effect-semantics", RERUN_AFTER_CHECKPOINT_KILL): LG_PENDING_WRITES}
+    else:
+        documented |= {("durable-before-effect", REQUEST_NOT_DURABLE): mode_doc,
+                       ("durable-before-visible", ANY): mode_doc,
+                       ("effect-semantics", RERUN_AFTER_CHECKPOINT_KILL): mode_doc}
+    return Promises(dispatch_intents=False, durable_requests=sync, stream_retraction=False,
+                    durable_projections=False, promised=promised, documented=documented, claims=LG_CLAIMS)
 
 
 @dataclass(frozen=True)
@@ -74,7 +152,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     # Its template imports upstream against a neutral home; each worker then sets its own
     # (worker.targets.hermes_agent: preload, prepare_home).
     Target("hermes-agent", "upstream hermes-agent (pip install 'hermes-supervisor[upstream]')",
-           Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False),
+           Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False,
+                    promised={("no-lost-rows", ANY): HERMES_AGENT_SESSIONS}, claims=HERMES_AGENT_CLAIMS),
            hermes_agent_schema, forkserver=True, preload=("worker.targets.hermes_agent:preload",),
            modules=("run_agent", "hermes_state"), extra="upstream", package=_UPSTREAM,
            install_hint=(f"the hermes-agent target needs upstream Hermes: pip install 'hermes-supervisor[upstream]' "
@@ -86,7 +165,10 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     # template imports the SDK (with tracing off, as the adapter's wiring sets it) before its first fork.
     Target("openai-agents", "the OpenAI Agents SDK (pip install 'hermes-supervisor[openai-agents]')",
            Promises(dispatch_intents=False, durable_requests=False, stream_retraction=False,
-                    durable_projections=False),
+                    durable_projections=False, promised={("no-lost-rows", ANY): OA_HISTORY},
+                    documented={("durable-before-effect", REQUEST_NOT_DURABLE): OA_STORED_AFTER_RUN,
+                                ("durable-before-visible", ANY): OA_STORED_AFTER_RUN},
+                    claims=OA_CLAIMS),
            openai_agents_schema, forkserver=True,
            preload=("worker.targets.openai_agents", "worker.targets.openai_agents_wiring"),
            modules=("agents",), extra="openai-agents", package="openai-agents>=0.24,<0.25",
@@ -101,16 +183,14 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     # tools already run and "exit" only when the run ends, promising no such thing. Its workers
     # start as forks of the warm template, which imports LangGraph before its first fork.
     Target("langgraph", "a LangGraph StateGraph (pip install 'hermes-supervisor[langgraph]')",
-           Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False),
-           langgraph_schema, forkserver=True,
+           _langgraph("sync", LG_SYNC), langgraph_schema, forkserver=True,
            preload=("worker.targets.langgraph", "worker.targets.langgraph_graph", "worker.targets.langgraph_model"),
            modules=("langgraph", "langgraph.checkpoint.sqlite"),
            extra="langgraph", package="langgraph>=1.2.24,<1.3",
            install_hint=("the langgraph target needs LangGraph: pip install 'hermes-supervisor[langgraph]' "
                          "(installs langgraph, langgraph-checkpoint-sqlite and langchain-core)"),
-           promises_with={("--durability", mode): Promises(dispatch_intents=False, durable_requests=False,
-                                                           stream_retraction=False, durable_projections=False)
-                          for mode in ("async", "exit")}),
+           promises_with={("--durability", mode): _langgraph(mode, doc)
+                          for mode, doc in (("async", LG_ASYNC), ("exit", LG_EXIT))}),
 )}
 DEFAULT_TARGET = "hermes"
 

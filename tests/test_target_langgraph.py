@@ -197,6 +197,58 @@ def test_a_short_exhaustive_campaign_judges_every_case(tmp_path: Path) -> None:
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
 @needs_langgraph
+def test_a_sync_campaign_labels_each_violation_with_what_langgraph_promised(tmp_path: Path) -> None:
+    """Under "sync": no dispatch intent is beyond what LangGraph claims, a tools node killed mid-way runs
+    again as it documents, and a rerun after a kill inside the next checkpoint's save is the promise it
+    breaks (issue #8039). That last one depends on a race between two background saves, so it is
+    required only to be labelled right where it occurs (the unit tests in test_promises.py force it)."""
+    out = tmp_path / "report"
+    done = supervisor("chaos", "--target", "langgraph", "--durability", "sync", "--mode", "exhaustive",
+                      "--scenario", "writes", "--probe", "tool.dispatch.after", "--probe", "flush.begin",
+                      "--probe", "flush.in_txn", "--jobs", "2", "--report", str(out))
+    report = read_report(out)
+    assert done.returncode == 1 and report["unknown"] == [], done.stdout[-3000:] + done.stderr[-3000:]
+    labels = {(v["invariant"], v["class"], v["promise"]) for v in report["violations"]}
+    assert {("durable-before-effect", "contract", "beyond-promise"), ("effect-semantics", "contract", "beyond-promise"),
+            ("effect-semantics", "damage", "documented-behaviour")} <= labels, labels
+    # The model's tool-call message is saved before its tools run, as "sync" promises: no request was missing.
+    assert not any(v["invariant"] == "durable-before-effect" and v["promise"] != "beyond-promise"
+                   for v in report["violations"])
+    for v in report["violations"]:
+        assert v["promise_doc"] and v["promise"] in ("broken-promise", "documented-behaviour", "beyond-promise")
+        if v["promise"] == "broken-promise":
+            assert v["invariant"] == "effect-semantics" and (v["probe"] or "").startswith("flush."), v
+            assert "langgraph/issues/8039" in v["promise_doc"]
+    reruns = [v for v in report["violations"]
+              if v["class"] == "damage" and (v["probe"] or "").startswith("tool.dispatch")]
+    assert reruns and {v["promise"] for v in reruns} == {"documented-behaviour"}
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+@needs_langgraph
+def test_an_exit_campaign_finds_only_what_langgraph_documents_or_never_claimed(tmp_path: Path) -> None:
+    """Under "exit" nothing is saved before the run ends: every tool runs before anything durable asks for
+    it and every step is shown before it is saved (documented), and no dispatch intent is ever written
+    (beyond its claims); nothing it promises is broken. The fault-free case alone already shows both."""
+    out = tmp_path / "report"
+    done = supervisor("chaos", "--target", "langgraph", "--durability", "exit", "--mode", "exhaustive",
+                      "--scenario", "writes", "--probe", "tool.dispatch.after", "--jobs", "2", "--report", str(out))
+    report = read_report(out)
+    assert done.returncode == 1 and report["unknown"] == [], done.stdout[-3000:] + done.stderr[-3000:]
+    by_label = {v["promise"] for v in report["violations"]}
+    assert by_label == {"documented-behaviour", "beyond-promise"}, by_label
+    fault_free = [v for v in report["violations"] if v["probe"] is None]
+    assert {(v["invariant"], v["promise"]) for v in fault_free} >= {
+        ("durable-before-effect", "documented-behaviour"), ("durable-before-visible", "documented-behaviour"),
+        ("effect-semantics", "beyond-promise")}
+    assert all('durability "exit"' in v["promise_doc"] for v in report["violations"]
+               if v["invariant"] in ("durable-before-effect", "durable-before-visible"))
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+@needs_langgraph
 def test_durability_all_runs_one_campaign_per_mode(tmp_path: Path) -> None:
     out = tmp_path / "report"
     done = supervisor("chaos", "--target", "langgraph", "--durability", "all", "--case", "single-tool/fault-free",

@@ -175,6 +175,15 @@ def test_a_short_exhaustive_campaign_lands_its_kills_and_classes_every_violation
     assert report["cases"] > 0 and report["kills"] > 0 and report["unfired"] == [] and report["unknown"] == []
     violations = [v for r in report["results"] for v in r["verdict"]["violations"]]
     assert violations and all(v["class"] in ("damage", "contract") for v in violations)
+    # What the SDK's session docs say: a run's items are stored after it ran and streamed (documented);
+    # no dispatch intent is beyond anything it claims; it breaks no promise of its own here.
+    labels = {(v["invariant"], v["promise"]) for v in report["violations"]}
+    assert labels == {("durable-before-effect", "documented-behaviour"),
+                      ("durable-before-visible", "documented-behaviour"),
+                      ("effect-semantics", "beyond-promise")}, labels
+    assert all("openai-agents-python/sessions" in v["promise_doc"] for v in report["violations"])
+    fault_free = {(v["invariant"], v["promise"]) for v in report["violations"] if v["probe"] is None}
+    assert fault_free == labels  # all of it fires with no kill at all
     # Every kill point the SDK can have was reached (the resumes reach resume.*); the rest are listed.
     assert set(report["reached"]) == set(POINTS) - set(adapter.UNREACHABLE_POINTS)
 
@@ -195,9 +204,12 @@ def test_a_tool_killed_before_the_sessions_write_runs_again_on_resume(tmp_path: 
     twice = [v for v in result.verdict.violations
              if v.invariant == "effect-semantics" and "at_most_once tool append_note executed 2 times" in v.message]
     assert twice and twice[0].kind == "damage"
+    # Nothing in the SDK's docs says a tool runs once across a killed run: beyond what it promises.
+    assert twice[0].promise == "beyond-promise" and "openai-agents-python/sessions" in (twice[0].promise_doc or "")
     early = [v for v in result.verdict.violations if v.invariant == "durable-before-effect"]
-    # No durable request asked for the tool: a promise the SDK never made (its cost is the damage above).
-    assert early and all(v.kind == "contract" for v in early)
+    # No durable request asked for the tool: a promise the SDK never made (its cost is the damage above),
+    # and what its docs say it does: a run's items are stored after the run.
+    assert early and all(v.kind == "contract" and v.promise == "documented-behaviour" for v in early)
     db = next((tmp_path / "work").glob("*/state.db"))
     conn = sqlite3.connect(db)
     try:

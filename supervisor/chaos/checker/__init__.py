@@ -26,9 +26,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from supervisor.chaos.checker.effects import CHAOS_TOOLS, effect_semantics, result_fidelity
-from supervisor.chaos.checker.evidence import as_durable, load_executions, of_type
+from supervisor.chaos.checker.effects import CHAOS_TOOLS, KEYED_WRITES, effect_semantics, result_fidelity
+from supervisor.chaos.checker.evidence import as_durable, load_applied, load_executions, of_type
 from supervisor.chaos.checker.liveness import coverage, fails_closed, turn_liveness
+from supervisor.chaos.checker.promises import label_promises
 from supervisor.chaos.checker.recovery import consume_once, recovery_determinism, twin_transcript
 from supervisor.chaos.checker.streams import stream_honesty
 from supervisor.chaos.checker.transcript import (
@@ -76,13 +77,14 @@ from supervisor.targets import FULL_PROMISES, Promises
 
 __all__ = [
     "ANSWER_ONCE", "CHAOS_TOOLS", "CONSUME_ONCE", "CONTRACT", "COVERAGE", "DAMAGE", "DURABLE_BEFORE_EFFECT",
-    "DURABLE_BEFORE_VISIBLE", "EFFECT_SEMANTICS", "FAILS_CLOSED", "FULL_PROMISES", "INVARIANTS", "NO_DUPLICATE_ROWS",
-    "NO_KILL", "NO_LEDGER", "NO_LOST_ROWS", "RECOVERY_DETERMINISM", "RESULT_FIDELITY", "SANITIZE_PURE",
-    "STREAM_HONESTY", "TURN_LIVENESS", "UNDETERMINED", "UNFIRED", "UNKNOWN", "UNREADABLE", "WELL_FORMED", "Durable",
-    "Expectation", "Promises", "Verdict", "Violation", "answer_once", "check_case", "check_structure", "compose",
-    "consume_once", "coverage", "durable_before_effect", "durable_before_visible", "effect_semantics", "fails_closed",
-    "load_durable", "load_executions", "no_duplicate_rows", "no_lost_rows", "recovery_determinism", "result_fidelity",
-    "sanitize_pure", "stream_honesty", "turn_liveness", "twin_transcript", "well_formed",
+    "DURABLE_BEFORE_VISIBLE", "EFFECT_SEMANTICS", "FAILS_CLOSED", "FULL_PROMISES", "INVARIANTS", "KEYED_WRITES",
+    "NO_DUPLICATE_ROWS", "NO_KILL", "NO_LEDGER", "NO_LOST_ROWS", "RECOVERY_DETERMINISM", "RESULT_FIDELITY",
+    "SANITIZE_PURE", "STREAM_HONESTY", "TURN_LIVENESS", "UNDETERMINED", "UNFIRED", "UNKNOWN", "UNREADABLE",
+    "WELL_FORMED", "Durable", "Expectation", "Promises", "Verdict", "Violation", "answer_once", "check_case",
+    "check_structure", "compose", "consume_once", "coverage", "durable_before_effect", "durable_before_visible",
+    "effect_semantics", "fails_closed", "load_applied", "load_durable", "load_executions", "no_duplicate_rows",
+    "no_lost_rows", "recovery_determinism", "result_fidelity", "sanitize_pure", "stream_honesty", "turn_liveness",
+    "twin_transcript", "well_formed",
 ]
 
 
@@ -92,15 +94,17 @@ def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[d
     """Every invariant, in INVARIANTS order, on one finished case; composed as "case". `db_path`
     may be its final durable state already read (`load_durable`)."""
     d = as_durable(db_path)  # read once: every invariant judges the same final state
-    executions = load_executions(ledger_path)  # and the ledger once
+    executions = load_executions(ledger_path)  # and the ledger once: its executions,
     ledger = executions if not isinstance(executions, str) else ledger_path
+    applied = load_applied(ledger_path)  # and its applied keyed writes (a path: the reason is found again)
+    applied_writes = applied if not isinstance(applied, str) else ledger_path
     verdicts = [
         durable_before_visible(events, promises),
         durable_before_effect(events, promises),
         no_lost_rows(d, events),
         no_duplicate_rows(d),
         well_formed(d),
-        effect_semantics(d, ledger, events, promises=promises),
+        effect_semantics(d, ledger, events, applied=applied_writes, promises=promises),
         result_fidelity(d, events, expect),
         stream_honesty(events, promises),
         turn_liveness(d, events, expect),
@@ -115,7 +119,9 @@ def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[d
     if errors:  # the supervisor failed to observe something: nothing it concluded can be trusted
         verdicts.append(unknown_verdict("harness", "; ".join(str(e.get("error")) for e in errors[:3]),
                                         UNDETERMINED, {"errors": len(errors)}))
-    return compose(verdicts, name="case")
+    case = compose(verdicts, name="case")
+    label_promises(case.violations, promises, events)  # what the target's documents say of each, in one pass
+    return case
 
 
 def check_structure(db_path: Path, session_id: str | None = None) -> Verdict:
