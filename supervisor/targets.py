@@ -23,7 +23,6 @@ from supervisor.chaos.schema import hermes_agent as hermes_agent_schema
 from supervisor.chaos.schema import langgraph as langgraph_schema
 from supervisor.chaos.schema import openai_agents as openai_agents_schema
 
-
 # What a violation is about beyond its invariant (derived by supervisor.chaos.checker.promises):
 # the second half of the (invariant, condition) keys below. ANY: every condition of the invariant.
 ANY = "*"

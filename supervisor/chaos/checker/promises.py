@@ -21,12 +21,12 @@ from supervisor.chaos.checker.verdict import (
 )
 from supervisor.targets import (
     ANY,
+    EFFECT_MISMATCH,
     INTENT_NOT_DURABLE,
     RAN_UNDISPATCHED,
     REQUEST_NOT_DURABLE,
     RERUN,
     RERUN_AFTER_CHECKPOINT_KILL,
-    EFFECT_MISMATCH,
     Promises,
 )
 
