@@ -332,16 +332,22 @@ def runs_result(results: list[CaseResult]) -> CaseResult:
         parts=last.verdict.parts,
         reasons=tuple(dict.fromkeys(r for _, v in kept if v.valid == UNKNOWN for r in v.reasons
                                     if r != NO_KILL or v is last.verdict)) if valid == UNKNOWN else ())
-    faults: dict[str, dict[str, Any]] = {}
-    other: Counter[str] = Counter()
-    for r in results:
-        add_rows(faults, r.faults)
-        other.update(r.other_deaths)
+    faults, other_deaths = _tally(results)
     return CaseResult(
         last.case, verdict, sum(r.kills for r in results), sum(r.restarts for r in results),
         sum(r.seconds for r in results), last.trace, list(dict.fromkeys(p for r in results for p in r.fired)),
         frozenset().union(*(r.reached for r in results)), last.flags, results[0].span_ms, reaimed=True,
-        other_deaths=dict(sorted(other.items())), faults=faults, directory=last.directory, runs=records)
+        other_deaths=other_deaths, faults=faults, directory=last.directory, runs=records)
+
+
+def _tally(results: list[CaseResult]) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """The fault rows and the other deaths of `results`, added up."""
+    faults: dict[str, dict[str, Any]] = {}
+    other_deaths: Counter[str] = Counter()
+    for result in results:
+        add_rows(faults, result.faults)
+        other_deaths.update(result.other_deaths)
+    return faults, dict(sorted(other_deaths.items()))
 
 
 def summarize(results: list[CaseResult], campaign_faults: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -379,15 +385,11 @@ def summarize(results: list[CaseResult], campaign_faults: dict[str, dict[str, An
             unknown.append({"case": result.case.case_id, "reasons": list(result.verdict.reasons),
                             "message": result.verdict.message, "repro": result.repro()})
     by_class = {kind: sum(1 for v in violations if v["class"] == kind) for kind in ("damage", "contract")}
-    faults: dict[str, dict[str, Any]] = {}
-    other_deaths: Counter[str] = Counter()
-    for result in results:
-        add_rows(faults, result.faults)
-        other_deaths.update(result.other_deaths)
+    faults, other_deaths = _tally(results)
     add_rows(faults, campaign_faults or {})
     never = unlanded(faults) if results else []
     return {"ok": not violations and not unknown and not never, "cases": len(results),
-            "kills": sum(r.kills for r in results), "other_deaths": dict(sorted(other_deaths.items())),
+            "kills": sum(r.kills for r in results), "other_deaths": other_deaths,
             "no_kill": sum(1 for r in results if r.no_kill),
             "reaimed": sum(1 for r in results if r.reaimed),
             "runs": sum(max(1, len(r.runs)) for r in results),

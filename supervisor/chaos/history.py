@@ -9,7 +9,8 @@ Event types the supervisor records (fields besides t/case/type):
     spawn     incarnation, pid, create_time, command ("run" | "resume"), turn_index,
               turn_id, kill_at (str | None), kill_mode
     hello     incarnation, pid
-    probe     incarnation, name, n, ctx (session, turn, tool_call_id, ...), kill (bool)
+    probe     incarnation, name, n, ctx (session, turn, tool_call_id, ...), kill (bool), mode (with kill:
+              "self" | "external" | "pause")
     ui        incarnation, kind ("interim" | "tool_complete"), turn, tool_call_id?, text?,
               durable (bool: found in state.db at that instant),
               witness (dict naming what was found: "row_id" and/or "row_ids")
@@ -22,6 +23,8 @@ Event types the supervisor records (fields besides t/case/type):
     outcome   incarnation, result (the worker's JSON outcome dict)
     snapshot  after ("exit"), rows (:func:`snapshot_rows` with str keys, as JSON has them)
     pause / cont   incarnation, pid
+    fault     fault (a --faults family), landed (bool), reason (why it was skipped)
+    twin_run  name ("twin-a" | "twin-b"), incarnation, pid, returncode, signal
 
 Everything the harness writes down (the history, each case's file, the reports) holds
 transcript text and tool output, so every such file is created private (0600):

@@ -373,9 +373,7 @@ class CaseRunner:
         self._storage_rounds_done = True
         for fault in self._storage_faults:
             if not self.db.exists():
-                reason = "the killed worker had not created the database yet"
-                self.history.record("storage_fault", fault=fault.cause, phase="skipped", reason=reason)
-                self._account(fault.cause, landed=False, reason=reason)
+                self._account(fault.cause, landed=False, reason="the killed worker had not created the database yet")
                 continue
             # Our own observer connection must not be open across the break: a worker that finds
             # itself the file's last connection checkpoints and deletes the WAL index, and a
@@ -383,9 +381,7 @@ class CaseRunner:
             self.observer.close()
             what = fault.break_storage(self.db)
             if what is None:
-                reason = "the killed worker had not committed a table for this fault to break"
-                self.history.record("storage_fault", fault=fault.cause, phase="skipped", reason=reason)
-                self._account(fault.cause, landed=False, reason=reason)
+                self._account(fault.cause, landed=False, reason="the killed worker had not committed a table for this fault to break")
                 continue
             try:  # mended whatever happens, a worker that cannot start (the campaign stopping) too
                 # Process index -1: no kill plan is ever aimed at this worker (see _fault_for), and
