@@ -140,7 +140,7 @@ def _rerun_events(kill: dict[str, Any]) -> list[dict[str, Any]]:
             _probe("resume.begin", 2), _effect("c1", 2)]
 
 
-RERUN_VIOLATION = ("at_most_once tool append_note executed 2 times for call c1", {"tool_call_id": "c1"})
+RERUN_VIOLATION = ("at_most_once tool append_note executed 2 times for call c1", {"rule": "rerun", "tool_call_id": "c1"})
 IN_PUT = _probe("flush.begin", kill=True, op="put", step=2, source="loop")
 IN_PUT_WRITES = _probe("flush.in_txn", kill=True, op="put_writes", task_path="~__pregel_pull, tools")
 MID_NODE = _probe("tool.dispatch.after", kill=True, tool_call_id="c1", tool="append_note")
@@ -169,7 +169,7 @@ def test_a_rerun_is_labelled_by_where_the_kill_landed(kill: dict[str, Any], prom
 
 def test_running_without_a_dispatch_intent_is_beyond_every_framework_and_lost_rows_break_them() -> None:
     ran = Violation("effect-semantics", "tool set_value executed 1 time(s) for call c2 but was durably dispatched "
-                    "0 time(s)", {"tool_call_id": "c2"}, "contract")
+                    "0 time(s)", {"rule": "ran-undispatched", "tool_call_id": "c2"}, "contract")
     for promises, claims in ((SYNC, LG_CLAIMS), (ASYNC, LG_CLAIMS), (EXIT, LG_CLAIMS), (SDK, OA_CLAIMS),
                              (UPSTREAM, HERMES_AGENT_CLAIMS)):
         label_promises([ran], promises)

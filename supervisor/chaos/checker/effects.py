@@ -41,7 +41,7 @@ from supervisor.chaos.checker.verdict import (
 from supervisor.chaos.durable import Durable
 from supervisor.chaos.scenarios import Expectation
 from supervisor.daemon.cancels import CANCELLED
-from supervisor.targets import FULL_PROMISES, Promises
+from supervisor.targets import EFFECT_MISMATCH, FULL_PROMISES, RAN_UNDISPATCHED, RERUN, Promises
 from worker.chaos_tools import clean_results
 
 # The tools of worker/chaos_tools.py: each records every real execution in the ledger,
@@ -151,23 +151,26 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
     runs, intents, results = _by_call(executions, d)
     violations: list[Violation] = []
 
-    def flag(message: str, key: tuple[str, str, str], kind: str = DAMAGE, **witness: Any) -> None:
+    def flag(message: str, key: tuple[str, str, str], kind: str = DAMAGE, rule: str = EFFECT_MISMATCH,
+             **witness: Any) -> None:
+        # `rule`: which rule broke, for the target's record of what it promises (checker.promises).
         violations.append(Violation(EFFECT_SEMANTICS, message, {
-            "session": key[0], "turn": key[1], "tool_call_id": key[2],
+            "rule": rule, "session": key[0], "turn": key[1], "tool_call_id": key[2],
             "executions": runs.get(key, []), "intents": intents.get(key, []), **witness}, kind))
 
     for key, done in runs.items():
         policies = {e["policy"] for e in done} | {i["policy"] for i in intents.get(key, [])}
         tool = done[0]["tool"]
         if AT_MOST_ONCE in policies and len(done) > 1:
-            flag(f"at_most_once tool {tool} executed {len(done)} times for call {key[2]}", key)
+            flag(f"at_most_once tool {tool} executed {len(done)} times for call {key[2]}", key, rule=RERUN)
         keys = {e["idempotency_key"] for e in done}
         if IDEMPOTENT in policies and len(done) > 1 and len(keys) > 1:
             flag(f"idempotent tool {tool} reran for call {key[2]} under {len(keys)} different idempotency keys",
-                 key, idempotency_keys=sorted(map(str, keys)))
+                 key, rule=RERUN, idempotency_keys=sorted(map(str, keys)))
         if len(done) > len(intents.get(key, [])):
             flag(f"tool {tool} executed {len(done)} time(s) for call {key[2]} but was durably dispatched "
-                 f"{len(intents.get(key, []))} time(s)", key, DAMAGE if promises.dispatch_intents else CONTRACT)
+                 f"{len(intents.get(key, []))} time(s)", key, DAMAGE if promises.dispatch_intents else CONTRACT,
+                 rule=RAN_UNDISPATCHED)
 
     kinds: Counter[str] = Counter()
     for key, rows in results.items():
@@ -229,7 +232,7 @@ def _keyed_writes(writes: list[dict[str, Any]] | str | None, keyed_writes: Colle
         if len(rows) > 1:
             violations.append(Violation(EFFECT_SEMANTICS, f"idempotency key {ikey} was applied {len(rows)} times: "
                                                           "one write was done more than once", {
-                "idempotency_key": ikey, "applications": rows,
+                "rule": RERUN, "idempotency_key": ikey, "applications": rows,
                 "calls": [list(key) for key, keys in calls.items() if ikey in keys]}))
     for key, keys in calls.items():
         its = intents.get(key, [])
@@ -244,7 +247,7 @@ def _keyed_writes(writes: list[dict[str, Any]] | str | None, keyed_writes: Colle
                  "the write was lost", key, **witness)
         elif len(applied_keys) > 1:
             flag(f"idempotent write {tool} of call {key[2]} in completed turn {key[1]} was applied under "
-                 f"{len(applied_keys)} idempotency keys: it was done more than once", key, **witness)
+                 f"{len(applied_keys)} idempotency keys: it was done more than once", key, rule=RERUN, **witness)
     return None
 
 

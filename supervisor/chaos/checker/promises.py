@@ -44,12 +44,9 @@ def condition_of(violation: Violation, events: Sequence[dict[str, Any]] = ()) ->
         return REQUEST_NOT_DURABLE if event.get("request_durable") is False else INTENT_NOT_DURABLE
     if violation.invariant != EFFECT_SEMANTICS:
         return ANY
-    # effect-semantics says which of its rules broke only in its message (supervisor.chaos.checker.effects).
-    if "durably dispatched" in violation.message:
-        return RAN_UNDISPATCHED
-    if violation.message.startswith(("at_most_once tool", "idempotent tool")) or "more than once" in violation.message:
-        return _rerun(violation, events)
-    return EFFECT_MISMATCH
+    # effect-semantics names the rule that broke in its witness (supervisor.chaos.checker.effects).
+    rule = violation.witness.get("rule", EFFECT_MISMATCH)
+    return _rerun(violation, events) if rule == RERUN else rule
 
 
 def _rerun(violation: Violation, events: Sequence[dict[str, Any]]) -> str:
