@@ -24,7 +24,7 @@ from hermes.probes import POINTS
 from supervisor.chaos.checker import NO_KILL, UNFIRED, UNKNOWN, Verdict
 from supervisor.chaos.checker.verdict import rank
 from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
-from supervisor.chaos.history import HistoryWriter, write_json
+from supervisor.chaos.history import HistoryWriter, canonical_json, write_json
 from supervisor.chaos.nemesis.accounting import add_rows, campaign_rows, unlanded
 from supervisor.chaos.nemesis.model import MODEL_FAULTS, with_model_faults
 from supervisor.chaos.plan import Plan
@@ -199,9 +199,11 @@ class Campaign:
         if result.verdict.valid is True:  # a pass needs no per-invariant detail in memory
             result.verdict = self._share(("pass", result.verdict.name),
                                          lambda: Verdict(True, [], {}, result.verdict.name))
-        # Thousands of cases reach the same probes with the same flags: one copy of each.
+        # Thousands of cases reach the same probes with the same flags, deaths and faults: one copy of each.
         result.reached = self._share(result.reached)
         result.flags = self._share(result.flags)
+        result.other_deaths = self._share(("deaths", canonical_json(result.other_deaths)), lambda: result.other_deaths)
+        result.faults = self._share(("faults", canonical_json(result.faults)), lambda: result.faults)
         if self.on_result is not None:
             self.on_result(result)
         mark = {True: "ok", False: "VIOLATION"}.get(result.verdict.valid, "unknown")  # type: ignore[arg-type]
@@ -318,10 +320,9 @@ def runs_result(results: list[CaseResult]) -> CaseResult:
     the runs, and `runs` keeps each run's own record: its directory, verdict and counts.
     """
     last = results[-1]
-    records = [r.run_record(i) for i, r in enumerate(results, start=1)]
     if len(results) == 1:
-        last.runs = records
-        return last
+        return last  # its own single run
+    records = [r.run_record(i) for i, r in enumerate(results, start=1)]
     kept = [(i, r.verdict) for i, r in enumerate(results, start=1)
             if r is last or r.verdict.valid is False or set(r.verdict.reasons) - {NO_KILL}]
     valid = min((v.valid for _, v in kept), key=rank)

@@ -73,7 +73,8 @@ class CaseResult:
     # Per requested fault family: planned, landed, skipped, why_skipped (supervisor.chaos.nemesis.accounting).
     faults: dict[str, dict[str, Any]] = field(default_factory=dict)
     directory: str = ""  # the run's directory, relative to the campaign's working directory
-    # Every run of the case, first to last (a timer that missed is aimed again): see campaign.runs_result.
+    # Every run of the case, first to last, when it ran more than once (a timer that missed is aimed
+    # again: see campaign.runs_result); a case that ran once is its own single run (`to_json`).
     runs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -90,13 +91,17 @@ class CaseResult:
                 "verdict": self.verdict.to_json(), "kills": self.kills, "other_deaths": self.other_deaths,
                 "no_kill": self.no_kill, "reaimed": self.reaimed, "faults": self.faults,
                 "restarts": self.restarts, "seconds": round(self.seconds, 3), "fired": self.fired,
-                "repro": self.repro(), "runs": self.runs}
+                "repro": self.repro(), "runs": self.runs or [self.run_record(1)]}
 
     def run_record(self, index: int) -> dict[str, Any]:
-        """This result as run `index` of its case (1 is the first): what the report keeps of every run."""
-        fault = self.case.fault
+        """This result as run `index` of its case (1 is the first): what the report keeps of every run.
+        Its verdict is brief: the case's verdict holds every run's violations in full, each naming its run."""
+        fault, verdict = self.case.fault, self.verdict
+        brief = {"valid": verdict.valid, "violations": [v.invariant for v in verdict.violations],
+                 **({"reasons": list(verdict.reasons), "message": verdict.message} if verdict.valid not in (True, False)
+                    else {})}
         return {"run": index, "directory": self.directory, "delay_ms": fault.delay_ms if fault else None,
-                "verdict": self.verdict.to_json(), "kills": self.kills, "other_deaths": self.other_deaths,
+                "verdict": brief, "kills": self.kills, "other_deaths": self.other_deaths,
                 "no_kill": self.no_kill, "faults": self.faults, "restarts": self.restarts,
                 "seconds": round(self.seconds, 3), "fired": self.fired, "repro": self.repro()}
 
