@@ -236,7 +236,11 @@ def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
     if not target.available():
         raise UsageError(target.install_hint)
     try:
+        if workdir is not None:
+            make_private_dirs(workdir)  # the campaign makes it too; a storage fault is tried in it first
         storage.check_available(config.faults, workdir or Path(tempfile.gettempdir()))
+    except OSError as exc:
+        raise UsageError(f"--workdir {workdir}: {exc.strerror or exc}") from None
     except storage.StorageFaultUnavailable as exc:
         raise UsageError(str(exc)) from None
     try:

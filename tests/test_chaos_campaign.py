@@ -341,15 +341,18 @@ def test_storage_broken_while_the_worker_is_down_fails_closed_then_heals(tmp_pat
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
 def test_disk_fault_without_the_right_to_mount_is_refused_up_front(tmp_path: Path) -> None:
-    from supervisor.chaos.nemesis import storage as storage_faults
-
-    try:
-        storage_faults.FullFileSystem.check_available(tmp_path)
-    except storage_faults.StorageFaultUnavailable:
-        done = supervisor("chaos", "--scenario", "single-tool", "--faults", "disk", timeout=60)
-        assert done.returncode == 2 and "tmpfs" in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    else:
-        pytest.skip("this machine may mount a tmpfs, so `disk` is available here")
+    """Where mounting a tmpfs is not permitted, `--faults disk` is refused before anything runs, in
+    one line. Root may mount, so as root the campaign runs without CAP_SYS_ADMIN (util-linux's
+    setpriv drops it from the bounding set): the case this test is about, made here."""
+    without_mount = [] if os.geteuid() != 0 else [
+        "setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin", "--"]
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(REPO))
+    done = subprocess.run([*without_mount, sys.executable, "-m", "supervisor", "chaos", "--scenario", "single-tool",
+                           "--faults", "disk", "--workdir", str(tmp_path / "work")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60, start_new_session=True, check=False)
+    assert done.returncode == 2 and "tmpfs" in done.stderr, done.stdout[-2000:] + done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1 and "not permitted" in done.stderr, done.stderr
+    assert not any((tmp_path / "work").glob("*/state.db")), "refused up front: no case ran"
 
 
 @pytest.mark.chaos

@@ -141,7 +141,7 @@ class FullFileSystem(StorageFault):
             if done.returncode != 0:
                 raise StorageFaultUnavailable(
                     "--faults disk puts each case on a small tmpfs, and mounting one is not permitted here "
-                    f"({(done.stderr or done.stdout).strip() or 'mount failed'}); run the campaign as root, "
+                    f"({' '.join((done.stderr or done.stdout).split()) or 'mount failed'}); run the campaign as root, "
                     "or leave `disk` out")
             _run("umount", str(probe))
         finally:
