@@ -187,3 +187,30 @@ def test_self_kills_are_counted_apart_from_the_kills_the_nemesis_landed(tmp_path
         assert r["other_deaths"] == ({"self": r["other_deaths"]["self"]} if r["other_deaths"] else {})
     assert tool_deaths > len(planned) // 2 and report["other_deaths"] == {"self": tool_deaths}
     assert f"kills landed {len(planned)}, other deaths self {tool_deaths}" in out
+
+
+def test_a_timer_that_went_off_late_is_aimed_earlier_each_time(tmp_path: Path) -> None:
+    """A run whose worker outlived its timer's delay and still was not killed (the timer went off
+    late) is aimed a quarter earlier; every run is kept, and the case is the last one's."""
+    from supervisor.chaos.campaign import Campaign, CampaignConfig
+
+    campaign = Campaign(CampaignConfig(scenarios=["single-tool"], forkserver=False, keep=True, workdir=tmp_path))
+    delays: list[int] = []
+
+    def attempt(case: Case) -> tuple[CaseResult, Any]:
+        assert case.fault is not None
+        delays.append(case.fault.delay_ms)
+        landed = len(delays) == 3
+        verdict = Verdict(True, [], {}, "case") if landed else _no_kill()
+        result = CaseResult(case, verdict, int(landed), 0, 0.1, span_ms=400, directory=f"d~{len(delays)}")
+        runner = type("Runner", (), {"dir": tmp_path / f"d~{len(delays)}", "history": None})()
+        return result, runner
+
+    campaign._attempt = attempt  # type: ignore[method-assign]
+    try:
+        result = campaign.run_case(Case("single-tool", Fault("timer", delay_ms=200, aim=5000)))
+    finally:
+        campaign.pool.close()
+    assert delays == [200, 150, 112], "a span of 400 ms aims at 200 again: a quarter earlier each time instead"
+    assert result is not None and result.verdict.valid is True and result.kills == 1 and not result.no_kill
+    assert [r["delay_ms"] for r in result.runs] == delays and [r["no_kill"] for r in result.runs] == [True, True, False]
