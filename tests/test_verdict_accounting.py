@@ -66,8 +66,10 @@ def test_deaths_no_one_planned_are_counted_by_cause() -> None:
         _exit(7, None, 0), _exit(8, None, 1),                                         # no signal: no death
         {"type": "twin_run", "incarnation": 9, "signal": None, "returncode": 0},
         _kill(10, "timeout"), {"type": "twin_run", "incarnation": 10, "signal": KILL, "returncode": None},
+        {"type": "twin_run", "incarnation": 11, "signal": KILL, "returncode": None,              # a twin's tool
+         "last_report": {"type": "effect", "tool": "restart_agent"}},
     ]
-    assert count_deaths(events) == (2, {"SIGSEGV": 1, "self": 1, "timeout": 2, "unannounced": 1})
+    assert count_deaths(events) == (2, {"SIGSEGV": 1, "self": 2, "timeout": 2, "unannounced": 1})
 
 
 def test_a_pause_is_no_kill_even_when_its_worker_dies_later() -> None:
@@ -214,3 +216,20 @@ def test_a_timer_that_went_off_late_is_aimed_earlier_each_time(tmp_path: Path) -
     assert delays == [200, 150, 112], "a span of 400 ms aims at 200 again: a quarter earlier each time instead"
     assert result is not None and result.verdict.valid is True and result.kills == 1 and not result.no_kill
     assert [r["delay_ms"] for r in result.runs] == delays and [r["no_kill"] for r in result.runs] == [True, True, False]
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_a_twin_recovery_killed_by_its_own_tool_is_a_self_death(tmp_path: Path) -> None:
+    """Twin recoveries of a self-kill case rerun restart_agent (never dispatched before the kill):
+    each twin dies of its own tool, and is counted so, though its reports stay out of the history."""
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "supervisor", "chaos", "--scenario", "self-kill", "--probe",
+                           "tool.dispatch.before", "--faults", "twin-recovery", "--jobs", "2", "--report",
+                           str(tmp_path / "report")], cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+                          start_new_session=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    twins = report["faults"]["twin-recovery"]["landed"]
+    # Before twins carried their last report, each such twin death read as "unannounced".
+    assert twins >= 1 and set(report["other_deaths"]) == {"self"}, report["other_deaths"]

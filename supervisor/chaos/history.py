@@ -24,7 +24,7 @@ Event types the supervisor records (fields besides t/case/type):
     snapshot  after ("exit"), rows (:func:`snapshot_rows` with str keys, as JSON has them)
     pause / cont   incarnation, pid
     fault     fault (a --faults family), landed (bool), reason (why it was skipped)
-    twin_run  name ("twin-a" | "twin-b"), incarnation, pid, returncode, signal
+    twin_run  name ("twin-a" | "twin-b"), incarnation, pid, returncode, signal, last_report (type, tool)
 
 Everything the harness writes down (the history, each case's file, the reports) holds
 transcript text and tool output, so every such file is created private (0600):

@@ -456,7 +456,13 @@ class CaseRunner:
                     pass  # no WAL (or no ledger yet): the state is the main file alone
         args = self._worker_args("resume", twin / self.db.name, twin / self.ledger.name, self.base_url)
         self._incarnations += 1
-        proc = self.pool.spawn(args, incarnation=self._incarnations, on_message=_ack_only,
+        last: dict[str, Any] = {}  # what the twin last reported, which says why it died if it does
+
+        def ack_and_remember(proc: WorkerProcess, msg: dict[str, Any]) -> None:
+            last.update(type=msg.get("type"), tool=msg.get("tool"))
+            _ack_only(proc, msg)
+
+        proc = self.pool.spawn(args, incarnation=self._incarnations, on_message=ack_and_remember,
                                on_log=self.on_log, label=f"{self.case.case_id} {name}")
         timed_out = not proc.wait(self.config.process_timeout)
         if timed_out:
@@ -465,7 +471,7 @@ class CaseRunner:
                                 by="timeout", probe=None)
             proc.wait()
         self.history.record("twin_run", name=name, incarnation=proc.incarnation, pid=proc.pid,
-                            returncode=proc.returncode, signal=proc.signal)
+                            returncode=proc.returncode, signal=proc.signal, last_report=dict(last) or None)
         if timed_out:
             raise RuntimeError(f"the {name} recovery did not finish in {self.config.process_timeout:.0f}s")
         durable = load_durable(twin / self.db.name)

@@ -12,7 +12,8 @@ worker that dies for some other reason can never stand in for a kill that did no
     unannounced  SIGKILL that neither the worker nor the supervisor announced (something outside)
     SIGxxx       any other signal (a crash)
 
-Workers are the history's `exit` events and the `twin_run` events of twin recoveries.
+Workers are the history's `exit` events and the `twin_run` events of twin recoveries (which carry
+what the twin last reported, since a twin's own reports concern a copy and stay out of the history).
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def death_causes(events: Sequence[dict[str, Any]]) -> dict[int, str]:
             kills.setdefault(inc, str(event.get("by")))
         elif kind in ("exit", "twin_run") and event.get("signal") is not None:
             dead[inc] = int(event["signal"])
+            if kind == "twin_run" and event.get("last_report"):  # a twin's reports are not in the history
+                last_report[inc] = event["last_report"]
     causes = {}
     for inc, signum in dead.items():
         by = kills.get(inc)
