@@ -273,6 +273,8 @@ def render(stored: dict[str, Any]) -> str:
              f"hermes-supervisor chaos {' '.join(stored['args'])} \\",
              f"  --shard I/{count} [--faults F] --campaign-id {stored['campaign_id']} --report shard-I",
              f"hermes-supervisor merge merged {' '.join(f'shard-{i}' for i in range(1, count + 1))}", "```", ""]
+    if stored.get("note"):  # how this run differed from the commands above (stored by hand, with the figures)
+        lines += [stored["note"], ""]
     if not corrected:
         lines += ["These figures were measured before the kill count was corrected: their `kills` counted every "
                   "worker death by SIGKILL, whether the nemesis planned it or not, so they hold other deaths too. "
@@ -368,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     store.add_argument("--open-runs", type=int, default=3, help="samples of the merged report's open time (0: skip)")
     store.add_argument("--store", type=Path, default=STORE, help="where to store the figures")
     store.add_argument("--no-readme", action="store_true", help="do not rewrite README.md's block")
+    store.add_argument("--note", default=None,
+                       help="one paragraph saying how this run differed from the commands (shown above the table)")
     commands.add_parser("print", help="print the block rendered from the store")
     commands.add_parser("check", help="exit 1 if README.md's block differs from the store")
     args = parser.parse_args(argv)
@@ -381,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "store":
         stored = store_from_directory(args.directory, args.open_runs)
+        if args.note:
+            stored["note"] = args.note
         write_store(stored, args.store)
         rendered = render(stored)
         if not args.no_readme and args.store == STORE:
