@@ -368,8 +368,9 @@ def test_the_proof_prose_repeats_the_proof_table() -> None:
     walls = [_num(r[columns.index("wall")].removesuffix(" s")) for r in rows]
     did = _one(r"did ([\d,]+) cases in ([\d,]+) s of shard wall time \(([\d.]+) cases/s", flat)
     merged_cases = _num(_one(r"The merge(?: \([\d,.]+ s\))? reports ([\d,]+) cases", flat).group(1))
-    assert _num(did.group(1)) == merged_cases and _num(did.group(2)) == sum(walls)
-    assert did.group(3) == f"{merged_cases / sum(walls):.1f}"
+    # Each wall is shown rounded to the second, the total from the unrounded walls: half a second each apart at most.
+    assert _num(did.group(1)) == merged_cases and abs(_num(did.group(2)) - sum(walls)) <= len(walls) / 2
+    assert abs(float(did.group(3)) - merged_cases / sum(walls)) <= 0.05 + 1e-9
     kills = _num(_one(r"counted once\), ([\d,]+) (?:landed nemesis kills|kills \(as counted then)", flat).group(1))
     per_case = _one(r"at ([\d.]+) (?:landed nemesis kills|kills \(as counted then\)) per case that is about "
                     r"([\d,]+) cases", flat)
