@@ -33,7 +33,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hermes import probes
-from hermes.private_files import make_private_dirs, write_private
+from hermes.private_files import make_private_dirs, write_file_durably
 from hermes.resume import UNKNOWN_OUTCOME
 from hermes.tools import registry, tool_error, tool_failure_message
 from hermes.transcript import make_tool_result_message, normalize_tool_calls
@@ -53,8 +53,8 @@ def maybe_persist_tool_result(*, content: str, tool_name: str, tool_call_id: str
                               threshold: int = SPILL_THRESHOLD_CHARS) -> str:
     """Keep a large result out of the transcript: save it to a file, return a preview.
 
-    The file is written and fsynced before the preview (which names it) can be
-    flushed, so a durable preview never points at a file that a crash lost.
+    The file and its directory entry are fsynced before the preview (which names it) can be
+    flushed, so a durable preview never points at a file that a crash or power cut lost.
     """
     if not isinstance(content, str):
         content = str(content)
@@ -68,7 +68,7 @@ def maybe_persist_tool_result(*, content: str, tool_name: str, tool_call_id: str
     preview = content[:SPILL_PREVIEW_CHARS]
     try:
         make_private_dirs(spill_dir)
-        write_private(path, content, errors="surrogatepass", fsync=True)
+        write_file_durably(path, content, errors="surrogatepass")
     except OSError as exc:
         return (f"{preview}\n\n[output of {tool_name} was {len(content)} characters; only this preview "
                 f"was kept because saving the rest failed: {exc}]")

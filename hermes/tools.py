@@ -47,6 +47,8 @@ import pydantic
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import to_jsonable_python
 
+from hermes.private_files import fsync_dir
+
 IDEMPOTENT = "idempotent"
 AT_MOST_ONCE = "at_most_once"
 POLICIES = (IDEMPOTENT, AT_MOST_ONCE)
@@ -509,8 +511,9 @@ def _write_file(args: dict[str, Any], _ctx: ToolContext) -> str:
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(content)
         fh.flush()
-        os.fsync(fh.fileno())
+        os.fsync(fh.fileno())  # before the rename: else a power cut can leave the new name empty
     os.replace(tmp, path)
+    fsync_dir(path.parent)  # the rename is durable only once its directory is
     return json.dumps({"written": str(path), "bytes": len(content.encode("utf-8"))})
 
 

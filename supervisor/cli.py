@@ -82,6 +82,9 @@ def _add_chaos(commands: argparse._SubParsersAction) -> None:
                        help="only kill at this probe (repeatable); default: every probe")
     chaos.add_argument("--faults", type=_faults, default=(), metavar="F[,F...]",
                        help=f"add faults to every case: {', '.join(FAULT_OPTIONS)}")
+    chaos.add_argument("--synchronous", type=str.upper, choices=("FULL", "NORMAL"), default="FULL",
+                       help="every worker's session database at this durability level (default FULL); what a "
+                            "power cut may take at NORMAL is reported apart, as that level's documented cost")
     chaos.add_argument("--limit", type=positive_int, default=None, help="run at most this many derived cases")
     chaos.add_argument("--case", action="append", default=None, metavar="ID", help="rerun exactly this case")
     chaos.add_argument("--no-forkserver", action="store_true",
@@ -206,7 +209,7 @@ def _run_chaos_once(args: argparse.Namespace, target_args: tuple[str, ...]) -> t
                             case_ids=tuple(args.case or ()), probes=tuple(args.probe or ()),
                             forkserver=not args.no_forkserver, faults=args.faults,
                             case_files=args.report / "cases" if args.report else None, target=args.target,
-                            target_args=target_args)
+                            target_args=target_args, synchronous=args.synchronous)
     _check_runnable(config, args.workdir)
     if args.report is not None:
         make_private_dirs(args.report)
@@ -230,7 +233,7 @@ def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
     """Refuse up front what cannot run here: a target not installed, a storage fault this
     machine cannot make, a case id that does not parse."""
     from supervisor.chaos.generator import Case
-    from supervisor.chaos.nemesis import storage
+    from supervisor.chaos.nemesis import powerloss, storage
 
     target = TARGETS[config.target]
     if not target.available():
@@ -242,6 +245,13 @@ def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
     except OSError as exc:
         raise UsageError(f"--workdir {workdir}: {exc.strerror or exc}") from None
     except storage.StorageFaultUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    if powerloss.wants_power_cuts(config.faults) and "disk" in config.faults:
+        raise UsageError("--faults disk puts each case on a tmpfs and power-loss on a lazy file system: "
+                         "one case directory cannot be both; run them in two campaigns")
+    try:
+        powerloss.check_available(config.faults)
+    except powerloss.PowerLossUnavailable as exc:
         raise UsageError(str(exc)) from None
     try:
         for case_id in config.case_ids:

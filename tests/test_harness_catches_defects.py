@@ -44,6 +44,7 @@ import pytest
 from hermes.probes import POINTS
 from supervisor.chaos import checker
 from supervisor.chaos.nemesis import FAULT_OPTIONS, Fault
+from supervisor.chaos.nemesis.powerloss import POWER_FAULTS
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 
@@ -67,6 +68,17 @@ class Defect:
     unjudged_as: str = "unfired"
     # Caught by `coverage` of the campaign's faults: these families never landed (`faults_unlanded`).
     unlanded: frozenset[str] = frozenset()
+    # A defect only a power cut can see: the same campaign with process kills alone must pass under it.
+    below_sigkill: bool = False
+
+    def process_kills_only(self) -> tuple[str, ...]:
+        """This defect's campaign with the power faults left out of --faults (dropped when none is left)."""
+        args = list(self.campaign)
+        for i, arg in enumerate(args[:-1]):
+            if arg == "--faults":
+                kept = [f for f in args[i + 1].split(",") if f not in POWER_FAULTS]
+                return tuple(args[:i] + (["--faults", ",".join(kept)] if kept else []) + args[i + 2:])
+        return tuple(args)
 
     @property
     def unjudged(self) -> bool:
@@ -241,6 +253,13 @@ DEFECT_CASES = [
         # away, and a False verdict never reads as no-kill).
         "violation_when_timer_misses", "violation-when-timer-misses", ("--case", "single-tool/timer@50.00%@t0p0"),
         frozenset({"no-duplicate-rows"}), at=None)),
+    _case("synchronous-off", Defect(
+        # The session database never syncs a commit. Killed just before the answer is flushed, the
+        # power is cut: the tool call and its result, shown to the user already, were never synced
+        # and are gone. With process kills alone the same campaign passes.
+        "synchronous_off", "synchronous-off",
+        ("--faults", "power-loss", "--scenario", "single-tool", "--probe", "finalize.before"),
+        frozenset({"power-cut-durability"}), at="finalize.before:1", below_sigkill=True)),
     _case("fencing-skipped-crowd", Defect(
         # Killed just before flushing its answer; four workers then resume the turn at once, and
         # without fencing every one of them answers it.
@@ -403,6 +422,18 @@ def test_campaign_reports_the_defect(defect: Defect, chaos: Any) -> None:
             assert isinstance(v["repro"], str) and v["case"] in v["repro"] or _timer_repro(v), v
         # The case that carries the violation has a False verdict of its own in the report.
         assert all(verdicts[v["case"]] is False for v in found), verdicts
+
+
+@pytest.mark.parametrize("defect", [p for p in DEFECT_CASES if p.values[0].below_sigkill])
+def test_power_cut_defect_passes_every_process_kill(defect: Defect, chaos: Any) -> None:
+    """What only a power cut can see, a process kill cannot: the defect's campaign without its power
+    faults passes, defect and all, so the power cut is what caught it."""
+    args = defect.process_kills_only()
+    assert args != defect.campaign
+    result = chaos(args, defect.directory)
+    _assert_armed(defect, result)
+    assert result.returncode == EXIT_OK and result.report["ok"] is True, result.explain()
+    assert result.report["kills"] >= 1 and not result.report.get("power"), result.explain()
 
 
 @pytest.mark.parametrize("campaign", CONTROL_CASES)

@@ -21,22 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fuseutil import require_fuse
 
-from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSError, is_mounted, why_unavailable
+from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSError, is_mounted
 from supervisor.chaos.nemesis.lazyfs_state import Write, power_cut
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 
 CHILD_TIMEOUT_S = 60.0
-
-
-def _require_fuse() -> None:
-    why = why_unavailable()
-    if why is None:
-        return
-    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-        pytest.fail(f"CI=true and the lazy file system cannot run here: {why}", pytrace=False)
-    pytest.skip(f"the lazy file system cannot run here: {why}")
 
 
 class Mount:
@@ -110,7 +102,7 @@ def read_line(child: subprocess.Popen[bytes]) -> str:
 
 @pytest.fixture
 def mount(tmp_path: Path) -> Iterator[Mount]:
-    _require_fuse()
+    require_fuse()
     mounted = Mount(tmp_path)
     try:
         yield mounted
@@ -374,7 +366,7 @@ def test_e_sqlite_full_commits_survive_a_power_cut_and_off_ones_do_not(mount: Mo
 # -- (f) nothing is left behind -----------------------------------------------------------------
 
 def test_f_close_kills_the_server_by_pid_and_detaches_a_busy_mount(tmp_path: Path) -> None:
-    _require_fuse()
+    require_fuse()
     mounted = Mount(tmp_path)
     pid = mounted.fs.pid
     held = os.open(mounted.mnt / "held", os.O_CREAT | os.O_RDWR)

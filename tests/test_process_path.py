@@ -158,12 +158,12 @@ def test_the_checker_judges_a_final_state_already_read_as_it_judges_the_file(tmp
 
 
 # ------------------------------------------------------------------ ledger
-def test_the_effects_ledger_is_committed_without_fsync(tmp_path: Path) -> None:
-    """Survives a kill (the write is in the kernel's hands once committed), not a power cut: it is
-    evidence about process crashes. The transcript keeps synchronous=FULL."""
+def test_the_effects_ledger_is_committed_with_fsync(tmp_path: Path) -> None:
+    """Survives a power cut too (synchronous=FULL, tests/test_power_loss_durability.py): the checker's
+    ground truth after one. The transcript keeps synchronous=FULL as well."""
     ledger = Ledger(tmp_path / "effects.db")
     try:
-        assert ledger._conn.execute("PRAGMA synchronous").fetchone()[0] == 0
+        assert ledger._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         ledger.record_execution(session_id="s", turn_id="t", tool_call_id="c", tool="lookup", policy="idempotent",
                                 idempotency_key=None)
     finally:

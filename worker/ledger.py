@@ -4,10 +4,9 @@ It is the ground truth a checker counts: how often a tool really ran for one too
 call, under which idempotency key, in which process. Each record is its own
 transaction, committed before the tool's effect is reported, so a kill right after
 cannot lose it: a committed write is in the operating system's hands, and a killed
-process takes nothing of it along. What a kill cannot take, only a power cut can, so
-the ledger is not fsynced (`synchronous = OFF`): it is test evidence about process
-crashes, not data that must outlive the machine (the transcript is fsynced, see
-hermes.store.connection).
+process takes nothing of it along. A power cut can take it, so each commit is fsynced
+(`synchronous = FULL`) and the new file's directory too: after a cut the ledger is still
+the checker's ground truth, and an execution lost from it would hide a duplicate.
 
 One `Ledger` is shared by every tool thread of a worker (a concurrent batch runs its
 tools on a pool), and several worker processes may write one ledger file at once (a
@@ -69,13 +68,13 @@ class Ledger:
             # A missing or unreadable file raises a sqlite3.DatabaseError (ReadOnlyOpenError).
             self._conn = open_snapshot(self.path)
             return
-        create_private_file(self.path)
+        create_private_file(self.path)  # its directory is fsynced too: a power cut keeps the name
         # SQLite's own busy handler waits only briefly; the retry loop below owns the budget, so
         # kinds of SQLITE_BUSY that the handler never waits on are retried too.
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                      timeout=min(1.0, busy_budget_s))
-        # Before the first write (switching to WAL is one): no sync of the file, its journal or directory.
-        self._conn.execute("PRAGMA synchronous = OFF")
+        # Before the first write (switching to WAL is one): every commit is fsynced, see the docstring.
+        self._conn.execute("PRAGMA synchronous = FULL")
         self._retry_busy(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone())
         present = self._retry_busy(lambda: self._conn.execute(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('executions', 'kv')"

@@ -142,7 +142,7 @@ class Storage:
         if not path.exists():
             if not path.parent.exists():
                 raise StorageError(f"cannot create {path}: directory {path.parent} does not exist")
-            create_private_file(path)
+            create_private_file(path)  # and fsyncs its directory: SQLite syncs the names of its journals only
         elif not os.access(path, os.R_OK):
             raise StorageError(f"{path} is not readable by this user; fix its permissions")
         return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -233,13 +233,26 @@ class Storage:
 
     def _execute_write(self, fn: Callable[..., _T], *, probe: str | None = None,
                        session_id: str | None = None,
-                       probe_context: dict[str, Any] | None = None, args: tuple[Any, ...] = ()) -> _T:
-        """Run `fn(conn, *args)` inside one BEGIN IMMEDIATE ... COMMIT; roll back on any error."""
+                       probe_context: dict[str, Any] | None = None, args: tuple[Any, ...] = (),
+                       barrier: bool = False) -> _T:
+        """Run `fn(conn, *args)` inside one BEGIN IMMEDIATE ... COMMIT; roll back on any error.
+
+        `barrier`: the commit is fsynced whatever the durability level, and with it every commit
+        before it (one fsync of the WAL covers all its frames). For a write that something outside
+        the database will act on, such as a dispatch intent before its tool runs: at NORMAL a power
+        cut may take the last commits, but never one an effect in the world already rests on."""
         if self.readonly:
             raise sqlite3.OperationalError("attempt to write a readonly database")
         with self._lock:
-            return self._transaction(self._conn, fn, probe=probe, session_id=session_id,
-                                     probe_context=probe_context, args=args)
+            if not barrier or self.synchronous == "FULL":
+                return self._transaction(self._conn, fn, probe=probe, session_id=session_id,
+                                         probe_context=probe_context, args=args)
+            self._conn.execute("PRAGMA synchronous = FULL")  # per connection, outside a transaction
+            try:
+                return self._transaction(self._conn, fn, probe=probe, session_id=session_id,
+                                         probe_context=probe_context, args=args)
+            finally:
+                self._conn.execute(f"PRAGMA synchronous = {self.synchronous}")
 
     def _read(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:

@@ -39,7 +39,9 @@ class Dispatches(Storage):
                 attempts.append(int(attempt))
             return attempts
 
-        return self._execute_write(write, session_id=session_id)
+        # A barrier: the tool is about to act on the world, so its intent must outlive a power cut
+        # at any durability level, or a rerun after one could not know the tool may have run.
+        return self._execute_write(write, session_id=session_id, barrier=True)
 
     def get_dispatches(self, session_id: str, turn_id: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM tool_dispatches WHERE session_id = ?"

@@ -49,7 +49,9 @@ class Turns(Messages):
                 return int(row[0])
             return None if conn.execute("SELECT 1 FROM turns WHERE id = ?", (turn_id,)).fetchone() else 0
 
-        return self._execute_write(write, session_id=session_id)
+        # A barrier, like a dispatch intent: the model call may stream text to a user, and only a
+        # turn that outlives a power cut is one a resume finds and retracts that text for.
+        return self._execute_write(write, session_id=session_id, barrier=True)
 
     def add_turn_attempt(self, turn_id: str, delta: int = 1) -> dict[str, Any] | None:
         """Count a worker start for an unfinished turn (`delta` -1 takes back one that never

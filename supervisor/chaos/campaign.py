@@ -17,12 +17,12 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
 from supervisor.chaos.checker import NO_KILL, UNFIRED, UNKNOWN, Verdict
-from supervisor.chaos.checker.verdict import rank
+from supervisor.chaos.checker.verdict import VIOLATION_CLASSES, rank
 from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
 from supervisor.chaos.history import HistoryWriter, canonical_json, write_json
 from supervisor.chaos.nemesis.accounting import add_rows, campaign_rows, unlanded
@@ -62,6 +62,7 @@ class CampaignConfig:
     # Options of the target's own (e.g. ("--durability", "sync")): added to every worker's argv after
     # `--target NAME`, and to each case's repro line, so they must be spelled the same on both.
     target_args: tuple[str, ...] = ()
+    synchronous: str = "FULL"  # every worker's session database: FULL or NORMAL (`--synchronous`)
 
 
 class Campaign:
@@ -342,7 +343,15 @@ def runs_result(results: list[CaseResult]) -> CaseResult:
         last.case, verdict, sum(r.kills for r in results), sum(r.restarts for r in results),
         sum(r.seconds for r in results), last.trace, list(dict.fromkeys(p for r in results for p in r.fired)),
         frozenset().union(*(r.reached for r in results)), last.flags, results[0].span_ms, reaimed=True,
-        other_deaths=other_deaths, faults=faults, directory=last.directory, runs=records)
+        other_deaths=other_deaths, faults=faults, directory=last.directory, runs=records,
+        synchronous=last.synchronous, power=_add_counts(r.power for r in results))
+
+
+def _add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for each in counts:
+        total.update(each)
+    return dict(sorted(total.items()))
 
 
 def _tally(results: list[CaseResult]) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
@@ -389,7 +398,7 @@ def summarize(results: list[CaseResult], campaign_faults: dict[str, dict[str, An
         if result.verdict.valid not in (True, False):
             unknown.append({"case": result.case.case_id, "reasons": list(result.verdict.reasons),
                             "message": result.verdict.message, "repro": result.repro()})
-    by_class = {kind: sum(1 for v in violations if v["class"] == kind) for kind in ("damage", "contract")}
+    by_class = {kind: sum(1 for v in violations if v["class"] == kind) for kind in VIOLATION_CLASSES}
     faults, other_deaths = _tally(results)
     add_rows(faults, campaign_faults or {})
     never = unlanded(faults) if results else []
@@ -403,4 +412,5 @@ def summarize(results: list[CaseResult], campaign_faults: dict[str, dict[str, An
             "unfired": [u["case"] for u in unknown if UNFIRED in u["reasons"]],
             "no_kill_cases": [u["case"] for u in unknown if NO_KILL in u["reasons"]],
             "points": points, "reached": sorted(seen_in_trace),
+            "synchronous": sorted({r.synchronous for r in results}), "power": _add_counts(r.power for r in results),
             "seconds": round(sum(r.seconds for r in results), 3)}

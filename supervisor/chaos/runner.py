@@ -33,12 +33,21 @@ from supervisor.chaos.checker import (
     load_durable,
     twin_transcript,
 )
-from supervisor.chaos.checker.deaths import count_deaths
+from supervisor.chaos.checker.deaths import NEMESIS, POWER_CUT, count_deaths, death_causes
+from supervisor.chaos.checker.evidence import load_applied, load_executions
 from supervisor.chaos.generator import Case, case_file_stem
 from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_and_ask, summarize_rows
 from supervisor.chaos.nemesis import CROWD, CROWD_BUSY_BUDGET_S, Fault
 from supervisor.chaos.nemesis.accounting import account
 from supervisor.chaos.nemesis.model import STALL_WORKER_TIMEOUT_S, refusing_url
+from supervisor.chaos.nemesis.powerloss import (
+    POWER_LOSS,
+    TORN_WRITE,
+    PowerCuts,
+    brief_crash,
+    crash_plan,
+    wants_power_cuts,
+)
 from supervisor.chaos.nemesis.storage import KINDS as STORAGE_FAULT_KINDS
 from supervisor.chaos.nemesis.storage import StorageFault, hold_write_lock
 from supervisor.chaos.observe import Observer
@@ -76,6 +85,9 @@ class CaseResult:
     # Every run of the case, first to last, when it ran more than once (a timer that missed is aimed
     # again: see campaign.runs_result); a case that ran once is its own single run (`to_json`).
     runs: list[dict[str, Any]] = field(default_factory=list)
+    synchronous: str = "FULL"  # the durability level of the case's session database
+    # Its power cuts (--faults power-loss), counted: see `power_counts`.
+    power: dict[str, int] = field(default_factory=dict)
 
     @property
     def no_kill(self) -> bool:
@@ -91,7 +103,8 @@ class CaseResult:
                 "verdict": self.verdict.to_json(), "kills": self.kills, "other_deaths": self.other_deaths,
                 "no_kill": self.no_kill, "reaimed": self.reaimed, "faults": self.faults,
                 "restarts": self.restarts, "seconds": round(self.seconds, 3), "fired": self.fired,
-                "repro": self.repro(), "runs": self.runs or [self.run_record(1)]}
+                "synchronous": self.synchronous, "power": self.power, "repro": self.repro(),
+                "runs": self.runs or [self.run_record(1)]}
 
     def run_record(self, index: int) -> dict[str, Any]:
         """This result as run `index` of its case (1 is the first): what the report keeps of every run.
@@ -103,7 +116,7 @@ class CaseResult:
         return {"run": index, "directory": self.directory, "delay_ms": fault.delay_ms if fault else None,
                 "verdict": brief, "kills": self.kills, "other_deaths": self.other_deaths,
                 "no_kill": self.no_kill, "faults": self.faults, "restarts": self.restarts,
-                "seconds": round(self.seconds, 3), "fired": self.fired, "repro": self.repro()}
+                "seconds": round(self.seconds, 3), "fired": self.fired, "power": self.power, "repro": self.repro()}
 
 
 def _claim_dir(root: Path, stem: str) -> Path:
@@ -129,8 +142,11 @@ class CaseRunner:
         self.scenario: Scenario = SCENARIOS[case.scenario]
         self.target = TARGETS[config.target]
         self.dir = _claim_dir(root, case_file_stem(case.case_id))
-        self.db = self.dir / "state.db"
-        self.ledger = self.dir / "effects.db"
+        # Under power cuts the state lives on a lazy file system (supervisor.chaos.nemesis.powerloss).
+        self._power = PowerCuts(self.dir) if wants_power_cuts(config.faults) else None
+        state = self._power.state if self._power is not None else self.dir
+        self.db = state / "state.db"
+        self.ledger = state / "effects.db"
         self.base_url = base_url
         self.pool = pool
         self.config = config
@@ -149,6 +165,8 @@ class CaseRunner:
         self._crowd_done = False
         self._twin_done = False
         self._running: set[int] = set()  # incarnations of this case's workers not yet reaped
+        self._procs: dict[int, WorkerProcess] = {}  # incarnation -> its process, for a power cut to kill all
+        self._cuts = 0
         self._sigkills = 0  # workers of this case that died of SIGKILL, whatever killed them
         # What the last snapshot read while no worker ran, with how many workers had started then:
         # (that count, turn index, the turn's state) and (that count, the durable state).
@@ -244,6 +262,8 @@ class CaseRunner:
             flags.append(shlex.join(self.config.target_args))
         if self.config.faults:
             flags.append(f"--faults {','.join(self.config.faults)}")
+        if self.config.synchronous != "FULL":
+            flags.append(f"--synchronous {self.config.synchronous}")
         return tuple(flags)
 
     # ---------------------------------------------------------------- running
@@ -261,6 +281,8 @@ class CaseRunner:
         args = [command, "--db", str(db), "--session", SESSION, "--base-url", url, "--model", MODEL,
                 "--ledger", str(ledger), "--timeout", str(timeout), "--busy-budget", str(busy_budget),
                 *self.scenario.extra_args(command)]
+        if self.config.synchronous != "FULL":
+            args += ["--synchronous", self.config.synchronous]
         if self.target.name != DEFAULT_TARGET:
             args += ["--target", self.target.name]
         return args + list(self.config.target_args)
@@ -280,6 +302,7 @@ class CaseRunner:
         proc = self.pool.spawn(args, incarnation=inc, on_message=self._on_message, on_log=self.on_log,
                                label=self.case.case_id)
         self._running.add(inc)
+        self._procs[inc] = proc
         self.history.record("spawn", incarnation=inc, pid=proc.pid, create_time=proc.create_time, command=command,
                             turn_index=turn_index, turn_id=f"turn-{turn_index}", process=process,
                             kill_at=fault.point if fault else None, kill_mode=fault.kind if fault else None)
@@ -317,6 +340,9 @@ class CaseRunner:
         self.history.record("exit", incarnation=proc.incarnation, pid=proc.pid, returncode=proc.returncode,
                             signal=proc.signal)
         self._running.discard(proc.incarnation)
+        self._procs.pop(proc.incarnation, None)
+        if self._power is not None and death_causes(self.history.events).get(proc.incarnation) == NEMESIS:
+            self._power_cut(proc)  # before anything reads the files again
         if not self._running:
             # No connection of ours may outlive the last worker: the next worker must be the
             # database's first connection, so that it, like a restarted process in production,
@@ -372,6 +398,49 @@ class CaseRunner:
             conn.close()
 
     # ------------------------------------------------------- nemesis rounds
+    def _power_cut(self, killed: WorkerProcess) -> None:
+        """The planned kill of `killed` landed: cut the power under the whole case. Every other
+        process of the case dies with it; what the mount showed, what the cut lost, and what the
+        disk holds afterwards go into one `power_cut` event (checker: power-cut-durability)."""
+        assert self._power is not None
+        others = [self._procs[inc] for inc in sorted(self._running)]
+        for other in others:
+            if other.kill(POWER_CUT):
+                self.history.record("kill", incarnation=other.incarnation, pid=other.pid, signal=signal.SIGKILL,
+                                    by=POWER_CUT, probe=None)
+        for other in others:
+            other.wait(self.config.process_timeout)
+        self.observer.close()
+        try:
+            before, _ = snapshot_and_ask(self.db, None)
+        except StorageError as exc:  # what the mount shows cannot be read: nothing to compare with
+            before = Durable(self.db, error=str(exc))
+        ledger_before = _ledger_keys(self.ledger)
+        torn = TORN_WRITE in self.config.faults
+        mode, seed = crash_plan(self.case.case_id, self._cuts, torn)
+        self._cuts += 1
+        lost = brief_crash(self._power.cut(mode, seed))
+        try:
+            after, integrity = snapshot_and_ask(self.db, _integrity)
+        except StorageError as exc:
+            after, integrity = Durable(self.db, error=str(exc)), [str(exc)]
+        ledger_after = _ledger_keys(self.ledger)
+        rows_before, rows_after = summarize_rows(before), summarize_rows(after)
+        gone = {row_id: row for row_id, row in rows_before.items() if not _same_row(row, rows_after.get(row_id))}
+        kept = [row_id for row_id in rows_before if row_id not in gone]
+        self.history.record(
+            "power_cut", incarnation=killed.incarnation, synchronous=self.config.synchronous, **lost,
+            killed=[other.incarnation for other in others], rows_before=len(rows_before), rows_after=len(rows_after),
+            lost_rows={str(k): v for k, v in sorted(gone.items())}, kept_max_id=max(kept, default=0),
+            integrity=integrity if integrity is not None else "no database",
+            ledger_lost=sorted(ledger_before - ledger_after) if not isinstance(ledger_before, str) and
+            not isinstance(ledger_after, str) else None,
+            ledger_error=next((x for x in (ledger_before, ledger_after) if isinstance(x, str)), None))
+        self._account(POWER_LOSS, landed=True)
+        if torn:
+            self._account(TORN_WRITE, landed=lost["torn"] is not None,
+                          reason=None if lost["torn"] else "no unsynced write crossed a 512-byte sector boundary")
+
     def _storage_fault_rounds(self, command: str, turn_index: int) -> None:
         """With the worker down: per storage fault, break the storage, start a worker that must
         fail closed on it (checker: fails-closed), then mend the storage exactly as it was."""
@@ -482,12 +551,17 @@ class CaseRunner:
     # ------------------------------------------------------------------ a case
     def run(self) -> CaseResult:
         try:
+            if self._power is not None:
+                self._power.mount()
             for fault in self._storage_faults:
                 fault.prepare()
             return self._run()
         finally:
             for fault in self._storage_faults:
                 fault.release()
+            if self._power is not None:
+                self.observer.close()
+                self._power.release()
 
     def _run(self) -> CaseResult:
         started = time.monotonic()
@@ -509,7 +583,7 @@ class CaseRunner:
         return CaseResult(self.case, verdict, kills, restarts, time.monotonic() - started, trace, fired,
                           frozenset(sys.intern(name) for (_t, _p, name, _n) in trace), self._repro_flags(),
                           _first_span_ms(events), other_deaths=other_deaths, faults=faults,
-                          directory=self.dir.name)
+                          directory=self.dir.name, synchronous=self.config.synchronous, power=power_counts(events))
 
     def _run_turn(self, turn_index: int) -> int:
         """Run one turn until it ends or the restarts run out; returns how many of its workers were killed."""
@@ -549,6 +623,40 @@ class CaseRunner:
 
 
 _UNREAD = object()  # a snapshot's read of a turn state that failed: read it again on its own
+
+
+def power_counts(events: list[dict[str, Any]]) -> dict[str, int]:
+    """A case's power cuts: how many, how many dropped unsynced writes, the writes dropped (a torn
+    write's lost tail counts as one), the cuts that tore a write, the rows they lost. Empty without any."""
+    cuts = [e for e in events if e["type"] == "power_cut"]
+    if not cuts:
+        return {}
+    return {"cuts": len(cuts), "cuts_dropping": sum(1 for e in cuts if e.get("dropped_writes") or e.get("torn")),
+            "dropped_writes": sum(int(e.get("dropped_writes") or 0) for e in cuts),
+            "torn": sum(1 for e in cuts if e.get("torn")), "rows_lost": sum(len(e.get("lost_rows") or {}) for e in cuts)}
+
+
+def _integrity(conn: sqlite3.Connection) -> str | list[str]:
+    """PRAGMA integrity_check of a snapshot copy: "ok", or what it found wrong."""
+    found = [str(row[0]) for row in conn.execute("PRAGMA integrity_check").fetchall()]
+    return "ok" if found == ["ok"] else found
+
+
+def _same_row(before: dict[str, Any], after: dict[str, Any] | None) -> bool:
+    """Is `after` the row `before` was (a later archive or blank repair aside)?"""
+    return after is not None and all(before.get(k) == after.get(k) for k in ("session", "turn", "role", "digest"))
+
+
+def _ledger_keys(ledger: Path) -> set[str] | str:
+    """What the effects ledger holds, as comparable keys (execution ids, applied idempotency keys),
+    or why it cannot be read."""
+    if not ledger.exists():
+        return set()
+    executions, applied = load_executions(ledger), load_applied(ledger)
+    for found in (executions, applied):
+        if isinstance(found, str):
+            return found
+    return {f"execution {row['id']}" for row in executions} | {f"applied {row['idempotency_key']}" for row in applied}
 
 
 def _kills_planned(fault: Fault | None) -> bool:

@@ -10,7 +10,6 @@ daemon killed between the request and its end still honours it on its next start
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Collection, Iterator
 
@@ -55,9 +54,7 @@ class CancelRequests:
                 log.error("could not rewrite the cancel requests: %s", exc)
 
     def _save(self) -> None:
-        temp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        private_files.write_private(temp, json.dumps({"turns": self._turns}), fsync=True)
-        os.replace(temp, self.path)
+        private_files.replace_file_durably(self.path, json.dumps({"turns": self._turns}))
 
     def __contains__(self, turn_id: object) -> bool:
         return turn_id in self._turns

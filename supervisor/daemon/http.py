@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from hermes.ids import validate_session_id
-from hermes.private_files import write_private
+from hermes.private_files import replace_file_durably
 from hermes.state import SessionDB, StorageError, connect_readonly
 from supervisor.daemon import inbox
 from supervisor.daemon.events import SessionFeed
@@ -122,25 +122,9 @@ def load_token(db_path: Path) -> str:
             warn("the API token file was readable by others; narrowed to 0600", path=str(path))
         return text
     token = secrets.token_urlsafe(32)
-    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    write_private(temp, token + "\n", fsync=True)
-    os.replace(temp, path)
-    _fsync_dir(path.parent)
+    replace_file_durably(path, token + "\n")  # clients keep it: a power cut must not change it under them
     info("created the HTTP API token", path=str(path))
     return token
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def check_session(value: str) -> str:

@@ -11,7 +11,8 @@ Next to the database the daemon keeps two small private files:
     PATH.daemon.json   what it is doing now: its pid, its live workers (pid and
                        start time, so a pid reused by another process is never
                        mistaken for a worker), and per-turn restart bookkeeping.
-                       Rewritten atomically (temp file + rename) on every change.
+                       Rewritten atomically and durably (fsynced temp file, rename,
+                       fsynced directory) on every change.
     PATH.daemon.msgs/  (0700) one 0600 file per running worker holding its turn's
                        text, so that no command line carries it; removed when the
                        worker exits, emptied when a daemon starts or stops.
@@ -88,18 +89,9 @@ def submit(db_path: Path, session_id: str, text: str, turn_id: str | None = None
 
 # ------------------------------------------------------------- status file
 def write_status(db_path: Path, data: dict[str, Any]) -> None:
-    """Replace the status file atomically; it is created 0600 and never half-written."""
-    final = status_path(db_path)
-    temp = final.with_name(f"{final.name}.{os.getpid()}.tmp")
-    try:
-        private_files.write_private(temp, json.dumps(data, ensure_ascii=False, default=str))
-        os.replace(temp, final)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
+    """Replace the status file atomically and durably (0600): the next daemon reads its workers
+    and restart bookkeeping back, after a power cut too."""
+    private_files.replace_file_durably(status_path(db_path), json.dumps(data, ensure_ascii=False, default=str))
 
 
 def read_status(db_path: Path) -> dict[str, Any] | None:

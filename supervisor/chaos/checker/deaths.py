@@ -9,6 +9,8 @@ worker that dies for some other reason can never stand in for a kill that did no
     self         SIGKILL while it ran a tool, with no kill announced (a tool that restarts its own
                  worker: the last thing the worker reported was that tool's effect)
     timeout      the supervisor killed it for taking too long
+    power-cut    the supervisor killed it with the rest of its case when the power was cut
+                 (`--faults power-loss`: the planned kill of another worker of the case landed)
     unannounced  SIGKILL that neither the worker nor the supervisor announced (something outside)
     SIGxxx       any other signal (a crash)
 
@@ -21,7 +23,7 @@ import signal
 from collections import Counter
 from typing import Any, Sequence
 
-NEMESIS, SELF, TIMEOUT, UNANNOUNCED = "nemesis", "self", "timeout", "unannounced"
+NEMESIS, SELF, TIMEOUT, UNANNOUNCED, POWER_CUT = "nemesis", "self", "timeout", "unannounced", "power-cut"
 
 # What a worker reports over its control channel; anything of these after a kill's report means
 # the worker lived on past the kill it announced.
@@ -56,8 +58,8 @@ def death_causes(events: Sequence[dict[str, Any]]) -> dict[int, str]:
         by = kills.get(inc)
         if signum != signal.SIGKILL:
             causes[inc] = _signal_name(signum)
-        elif by == "timeout":
-            causes[inc] = TIMEOUT
+        elif by in (TIMEOUT, POWER_CUT):
+            causes[inc] = by
         elif by == "timer" or (inc in announced and inc not in lived_on and by in ("self", "supervisor")):
             causes[inc] = NEMESIS
         elif (last_report.get(inc) or {}).get("type") == "effect":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from hermes.transcript import call_ids, is_blank_assistant
 from supervisor.chaos.checker.evidence import (
@@ -15,11 +15,11 @@ from supervisor.chaos.checker.evidence import (
     as_durable,
     brief,
     final_answers,
-    of_type,
     turn_brief,
     unreadable,
     when,
 )
+from supervisor.chaos.checker.powercut import excused_losses
 from supervisor.chaos.checker.verdict import (
     ANSWER_ONCE,
     NO_DUPLICATE_ROWS,
@@ -34,27 +34,27 @@ from supervisor.chaos.durable import Durable
 from supervisor.chaos.history import canonical_json, row_digest, summarize_row, witness_rows
 
 
-def _snapshots(events: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[int, dict[str, Any]]]]:
-    """Each snapshot event with its rows keyed by int id (JSON turned the keys into strings)."""
-    return [(e, {int(k): v for k, v in (e.get("rows") or {}).items()}) for e in of_type(events, "snapshot")]
-
-
 def no_lost_rows(db: DB, events: Sequence[dict[str, Any]]) -> Verdict:
     """Every row id observed durable (in a `snapshot` event, or named by the witness of a
     `ui` event or of an `effect` event) still exists in the final database, active or inactive.
+    A row a power cut lost at a durability level that documents such a loss (synchronous=NORMAL)
+    is power-cut-durability's to report, and is forgotten here from that cut on.
     """
     d = as_durable(db)
     if d.error:
         return unreadable(NO_LOST_ROWS, d)
     seen: dict[int, dict[str, Any]] = {}  # id -> first sighting, for the witness
-    for event, rows in _snapshots(events):
-        for row_id, row in rows.items():
-            seen.setdefault(row_id, {"first_seen": when(event), "row": row})
-    for event in events:
-        if event.get("type") not in ("ui", "effect"):
-            continue
-        for row_id in witness_rows(event.get("witness")):
-            seen.setdefault(row_id, {"first_seen": when(event), "row": None})
+    excused = dict(excused_losses(events))
+    for index, event in enumerate(events):
+        kind = event.get("type")
+        if kind == "snapshot":
+            for row_id, row in event.get("rows", {}).items():
+                seen.setdefault(int(row_id), {"first_seen": when(event), "row": row})
+        elif kind in ("ui", "effect"):
+            for row_id in witness_rows(event.get("witness")):
+                seen.setdefault(row_id, {"first_seen": when(event), "row": None})
+        for row_id in excused.get(index, ()):
+            seen.pop(row_id, None)
     final = {r["id"] for r in d.rows}
     lost = sorted(set(seen) - final)
     violations = [Violation(NO_LOST_ROWS, f"row {row_id} was observed durable and is gone from the final database",
@@ -76,12 +76,17 @@ def sanitize_pure(db: DB, events: Sequence[dict[str, Any]]) -> Verdict:
     d = as_durable(db)
     if d.error:
         return unreadable(SANITIZE_PURE, d)
-    observations = [(when(e), rows) for e, rows in _snapshots(events)]
-    observations.append(({"type": "final"}, {r["id"]: summarize_row(r) for r in d.rows}))
+    excused = dict(excused_losses(events))  # rows a NORMAL power cut lost: another row may take the id
+    observations = [(when(e), {int(k): v for k, v in (e.get("rows") or {}).items()}, set())
+                    if e.get("type") == "snapshot" else (None, {}, excused[i])
+                    for i, e in enumerate(events) if e.get("type") == "snapshot" or i in excused]
+    observations.append(({"type": "final"}, {r["id"]: summarize_row(r) for r in d.rows}, set()))
     last: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # id -> (where, row) last seen
     violations: list[Violation] = []
     compared = 0
-    for where, rows in observations:
+    for where, rows, forgotten in observations:
+        for row_id in forgotten:
+            last.pop(row_id, None)
         for row_id, now in rows.items():
             if row_id in last:
                 compared += 1
@@ -93,7 +98,8 @@ def sanitize_pure(db: DB, events: Sequence[dict[str, Any]]) -> Verdict:
                         "after": {"at": where, **now}}))
             last[row_id] = (where, now)
     return verdict_of(SANITIZE_PURE, violations,
-                      {"observations": len(observations), "rows_compared": compared, "rewritten": len(violations)})
+                      {"observations": sum(1 for where, _, _ in observations if where is not None),
+                       "rows_compared": compared, "rewritten": len(violations)})
 
 
 _BLANK_DIGESTS = frozenset(row_digest({"role": "assistant", "content": c}) for c in (None, ""))

@@ -13,10 +13,11 @@ UNKNOWN = "unknown"
 
 INVARIANTS = ("durable-before-visible", "durable-before-effect", "no-lost-rows", "no-duplicate-rows",
               "well-formed", "effect-semantics", "result-fidelity", "stream-honesty", "turn-liveness",
-              "answer-once", "sanitize-pure", "fails-closed", "consume-once", "recovery-determinism", "coverage")
+              "answer-once", "sanitize-pure", "fails-closed", "consume-once", "recovery-determinism",
+              "power-cut-durability", "coverage")
 (DURABLE_BEFORE_VISIBLE, DURABLE_BEFORE_EFFECT, NO_LOST_ROWS, NO_DUPLICATE_ROWS, WELL_FORMED,
  EFFECT_SEMANTICS, RESULT_FIDELITY, STREAM_HONESTY, TURN_LIVENESS, ANSWER_ONCE, SANITIZE_PURE, FAILS_CLOSED,
- CONSUME_ONCE, RECOVERY_DETERMINISM, COVERAGE) = INVARIANTS
+ CONSUME_ONCE, RECOVERY_DETERMINISM, POWER_CUT_DURABILITY, COVERAGE) = INVARIANTS
 
 # Why a verdict is "unknown": the case was not judged, which is never a pass.
 UNFIRED = "unfired"            # the planned kill's probe was never reached
@@ -25,11 +26,16 @@ UNDETERMINED = "undetermined"  # the supervisor could not observe what it had to
 NO_LEDGER = "no-ledger"        # no effects ledger to count executions by
 UNREADABLE = "unreadable"      # the database exists and cannot be read
 
-# Every violation is of one of two classes. DAMAGE: what a user loses or gets twice (rows
+# Every violation is of one of these classes. DAMAGE: what a user loses or gets twice (rows
 # lost, duplicated or malformed, an at-most-once effect repeated, two answers, a turn that
 # never ends, a result or stream that lies). CONTRACT: a promise the target never made (for
 # example no dispatch intents, so no effect can be proven to follow a durable request).
 DAMAGE, CONTRACT = "damage", "contract"
+# A third class belongs to a durability level that documents a loss: what a power cut takes from a
+# database run at synchronous=NORMAL (the last commits, as a suffix) is the price that level states,
+# not damage the runtime did, and not a pass either: it is counted and shown in a class of its own.
+DURABILITY_COST = "durability-cost"
+VIOLATION_CLASSES = (DAMAGE, CONTRACT, DURABILITY_COST)
 
 # Whatever its class, a violation is also one of three things to the target that shows it, decided
 # per target from its documents (supervisor.targets, applied by supervisor.chaos.checker.promises):

@@ -24,6 +24,9 @@ On top of its kill plan, every case of a campaign may meet the faults named by
 * storage faults (`nemesis.storage`): `locked` (another connection holds the write lock at
   the first tool effect), and `disk`, `readonly`, `corrupt` (the storage breaks while no
   worker runs);
+* power cuts (`nemesis.powerloss`): `power-loss` runs each case on a lazy file system and makes
+  every kill its plan lands a power cut (what was never fsynced is dropped, kept as a prefix or
+  as a random subset); `torn-write` tears one unsynced write of each cut at a 512-byte boundary;
 * recovery faults: `concurrent-resume` (after the first landed kill, `CROWD` resume
   workers start at once on the interrupted turn; checker: consume-once) and
   `twin-recovery` (two byte-identical copies of the crashed state are each resumed by a
@@ -34,11 +37,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from supervisor.chaos.nemesis.model import MODEL_FAULTS
+from supervisor.chaos.nemesis.powerloss import POWER_FAULTS
 from supervisor.chaos.nemesis.storage import STORAGE_FAULTS
 
 FAULT_KINDS = ("probe", "timer", "pause")
 RECOVERY_FAULTS = ("concurrent-resume", "twin-recovery")
-FAULT_OPTIONS = (*MODEL_FAULTS, "refused", "locked", *STORAGE_FAULTS, *RECOVERY_FAULTS)
+FAULT_OPTIONS = (*MODEL_FAULTS, "refused", "locked", *STORAGE_FAULTS, *RECOVERY_FAULTS, *POWER_FAULTS)
 CROWD = 4  # resume workers started at once by concurrent-resume
 CROWD_BUSY_BUDGET_S = 10.0  # k writers contend for one lock: patience is not what is being tested
 

@@ -5,7 +5,8 @@ A case plans each family it can meet:
 
 * `locked`: every case (it is applied at the case's first tool effect);
 * the families applied after a kill (`disk`, `readonly`, `corrupt`, `refused`,
-  `concurrent-resume`, `twin-recovery`): every case whose plan kills a worker;
+  `concurrent-resume`, `twin-recovery`) and at one (`power-loss`, `torn-write`: one decision
+  per landed kill, so a double kill plans two cuts): every case whose plan kills a worker;
 * the model's faults (`http500`, ...): none. The campaign's one scripted model serves each
   distinct request its fault once, whichever case sends it first, so they are counted for
   the campaign, from what the model served (`campaign_rows`), not per case.
@@ -21,9 +22,10 @@ from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
 from supervisor.chaos.nemesis.model import MODEL_FAULTS
+from supervisor.chaos.nemesis.powerloss import POWER_FAULTS
 from supervisor.chaos.nemesis.storage import STORAGE_FAULTS
 
-AFTER_A_KILL = (*STORAGE_FAULTS, "refused", "concurrent-resume", "twin-recovery")
+AFTER_A_KILL = (*STORAGE_FAULTS, "refused", "concurrent-resume", "twin-recovery", *POWER_FAULTS)
 
 # Why a planned family got no decision in its case: the moment it applies at never came.
 NEVER_REACHED = {
@@ -32,6 +34,7 @@ NEVER_REACHED = {
     "concurrent-resume": "no worker was killed while its turn was running",
     "twin-recovery": "no worker was killed while its turn was running",
     "locked": "the case reported no tool effect",
+    **{name: "no planned kill landed" for name in POWER_FAULTS},
 }
 
 

@@ -44,7 +44,15 @@ from urllib.parse import quote
 from supervisor.chaos.generator import case_file_stem
 from supervisor.chaos.history import witness_rows, write_private, write_private_atomic
 from supervisor.chaos.nemesis import Fault
-from supervisor.chaos.report.text import fault_rows, other_deaths_text, partial_note, shard_text, verdict_word
+from supervisor.chaos.report.text import (
+    classes_text,
+    fault_rows,
+    other_deaths_text,
+    partial_note,
+    power_text,
+    shard_text,
+    verdict_word,
+)
 
 if TYPE_CHECKING:
     from supervisor.chaos.runner import CaseResult
@@ -257,16 +265,16 @@ def render(summary: dict[str, Any], results: list[dict[str, Any]], cases: dict[s
     failing = sum(1 for row in index if row[4] != "pass")
     data = {"cases": index, "page_size": PAGE_SIZE, "inline": cases is not None, "no_probe": NO_PROBE}
     verdict = verdict_word(summary)
-    by_class = summary.get("violations_by_class") or {}
     facts = [("cases", summary.get("cases", len(results))), ("kills landed", summary.get("kills")),
              ("other deaths", other_deaths_text(summary)),
              ("no-kill cases", summary.get("no_kill", 0)), ("timers aimed again", summary.get("reaimed", 0)),
-             ("violations", f"{len(summary.get('violations', []))} (damage {by_class.get('damage', 0)}, "
-                            f"contract {by_class.get('contract', 0)})"),
+             ("violations", f"{len(summary.get('violations', []))} ({classes_text(summary)})"),
              ("not judged", len(summary.get("unknown", []))), ("failing cases", failing)]
     if summary.get("unreached"):
         facts.append(("unreached points", ", ".join(summary["unreached"])))
     facts += [(f"fault {name}", row) for name, row in fault_rows(summary)]
+    if power_text(summary):
+        facts.append(("power cuts", power_text(summary)))
     if summary.get("faults_unlanded"):
         facts.append(("faults never landed", ", ".join(summary["faults_unlanded"])))
     campaign = summary.get("campaign")

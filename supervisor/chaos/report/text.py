@@ -24,6 +24,8 @@ def table(summary: dict[str, Any]) -> str:
     faults = fault_rows(summary)
     if faults:
         lines += [f"fault {name}: {row}" for name, row in faults] + [""]
+    if power_text(summary):
+        lines += [f"power cuts {power_text(summary)}", ""]
     lines.append(_totals(summary))
     note = partial_note(summary)
     if note:
@@ -66,6 +68,23 @@ def other_deaths_text(summary: dict[str, Any]) -> str:
     return ", ".join(f"{cause} {n}" for cause, n in deaths.items()) or "none"
 
 
+def classes_text(summary: dict[str, Any]) -> str:
+    """Violations by class: "damage 2, contract 0" (and the durability cost once a level documents one)."""
+    by_class = summary.get("violations_by_class") or {}
+    shown = {"damage": 0, "contract": 0, **by_class}
+    return ", ".join(f"{kind} {n}" for kind, n in shown.items() if n or kind in ("damage", "contract"))
+
+
+def power_text(summary: dict[str, Any]) -> str | None:
+    """What the campaign's power cuts did, or None without any."""
+    power = summary.get("power") or {}
+    if not power.get("cuts"):
+        return None
+    return (f"{power['cuts']} at synchronous {'/'.join(summary.get('synchronous') or ['FULL'])}: "
+            f"{power.get('cuts_dropping', 0)} dropped unsynced writes ({power.get('dropped_writes', 0)} writes), "
+            f"{power.get('torn', 0)} tore one, {power.get('rows_lost', 0)} row(s) lost")
+
+
 def fault_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """Each requested fault family with what became of it: "planned 12, landed 9, skipped 3"."""
     return [(name, f"planned {row['planned']}, landed {row['landed']}, skipped {row['skipped']}")
@@ -79,14 +98,13 @@ def _skip_text(row: dict[str, Any]) -> str:
 
 
 def _totals(summary: dict[str, Any]) -> str:
-    by_class = summary["violations_by_class"]
     reaimed = summary.get("reaimed", 0)
     never = summary.get("faults_unlanded") or []
     return (f"cases {summary['cases']}, kills landed {summary['kills']}, other deaths {other_deaths_text(summary)}, "
             f"no-kill cases {summary['no_kill']}, "
             f"{f'timers aimed again {reaimed}, ' if reaimed else ''}"
             f"{f'faults never landed {len(never)}, ' if never else ''}"
-            f"violations {len(summary['violations'])} (damage {by_class['damage']}, contract {by_class['contract']}), "
+            f"violations {len(summary['violations'])} ({classes_text(summary)}), "
             f"not judged {len(summary['unknown'])}, verdict {verdict_word(summary)}")
 
 

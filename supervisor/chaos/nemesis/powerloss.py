@@ -1,0 +1,121 @@
+"""Power cuts: the crash states below SIGKILL (``--faults power-loss``, ``--faults torn-write``).
+
+A process kill leaves the kernel's page cache alone, so whatever a worker wrote survives it,
+synced or not. A power cut does not. Under ``--faults power-loss`` each case keeps its state
+directory (the session database with its WAL and -shm, the effects ledger, spilled results) on
+a lazy file system (`nemesis.lazyfs`) that holds every write until it is fsynced, and every
+kill the case's plan lands becomes a power cut (`PowerCuts.cut`):
+
+1. every other process of the case is SIGKILLed too (the runner does it, by recorded pid);
+2. the supervisor's own view is taken through the mount, as a process-kill world would see it;
+3. the lazy file system applies a crash state to what was never made durable: drop it all
+   (the common case), keep a prefix of it in issue order, keep a random subset (reordering),
+   or, under ``torn-write``, keep a prefix that ends inside one write at a 512-byte boundary;
+4. the mount is taken down and a fresh one mounted over the same backing directory, so no
+   page the kernel cached of the old one can be read again; recovery then runs as after any
+   crash.
+
+Which crash state a cut applies, and its seed, follow from the case id and the cut's index,
+so a case's repro line cuts the same way again (`crash_plan`).
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+from typing import Any
+
+from hermes.private_files import make_private_dirs
+from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSError, why_unavailable
+
+POWER_LOSS, TORN_WRITE = "power-loss", "torn-write"
+POWER_FAULTS = (POWER_LOSS, TORN_WRITE)
+# How often each crash state comes up without torn-write: dropping everything unsynced is what
+# a real power cut does most of the time; prefixes and subsets are the reordering a disk may do.
+CRASH_WEIGHTS = {"drop": 6, "prefix": 2, "subset": 2}
+INSTALL_HINT = ("install the Debian package fuse3 (apt-get install fuse3; it needs /dev/fuse, in a "
+                "container: --device /dev/fuse --cap-add SYS_ADMIN) and the project's extra: "
+                "pip install 'hermes-supervisor[powerloss]'")
+
+
+class PowerLossUnavailable(Exception):
+    """This machine cannot mount a lazy file system; says what to install."""
+
+
+def wants_power_cuts(faults: tuple[str, ...] | list[str]) -> bool:
+    """Does the campaign cut power (torn-write tears the writes of a power cut, so it implies one)?"""
+    return any(name in POWER_FAULTS for name in faults)
+
+
+def check_available(faults: tuple[str, ...] | list[str]) -> None:
+    """Raise PowerLossUnavailable when `faults` asks for power cuts and FUSE is not usable here."""
+    if not wants_power_cuts(faults):
+        return
+    why = why_unavailable()
+    if why is not None:
+        raise PowerLossUnavailable(f"--faults {'/'.join(n for n in POWER_FAULTS if n in faults)} runs every case on "
+                                   f"a lazy FUSE file system, and this machine has {why}: {INSTALL_HINT}")
+
+
+def crash_plan(case_id: str, index: int, torn: bool) -> tuple[str, int]:
+    """(crash mode, seed) of the `index`-th power cut of case `case_id` (0-based)."""
+    digest = hashlib.sha256(f"{case_id}#{index}".encode()).digest()
+    seed = int.from_bytes(digest[:8], "big")
+    if torn:
+        return "torn", seed
+    modes = list(CRASH_WEIGHTS)
+    return random.Random(seed).choices(modes, weights=[CRASH_WEIGHTS[m] for m in modes])[0], seed
+
+
+class PowerCuts:
+    """One case's state directory on a lazy file system: `state` is the mount, `disk` what the
+    disk holds. `mount()` before the case, `cut()` at each landed kill, `release()` after it."""
+
+    def __init__(self, case_dir: Path) -> None:
+        self.disk = case_dir / "disk"
+        self.state = case_dir / "state"
+        self._fs: LazyFS | None = None
+
+    def mount(self) -> None:
+        make_private_dirs(self.disk)
+        make_private_dirs(self.state)
+        self._fs = LazyFS(self.disk, self.state).start()
+
+    def cut(self, mode: str, seed: int) -> dict[str, Any]:
+        """Cut the power now and bring a fresh mount up over what survived; returns the lazy file
+        system's account of what was lost. Every process using the mount must be dead, and every
+        connection of the supervisor's to its files closed."""
+        if self._fs is None:
+            raise LazyFSError("no lazy file system is mounted for this case")
+        lost = self._fs.crash(mode, seed)
+        self._fs.close()
+        self._fs = LazyFS(self.disk, self.state).start()
+        return lost
+
+    def release(self) -> None:
+        """Unmount cleanly (what is still pending is written back, as a clean shutdown would) and
+        leave the files where the mount showed them. Safe to call twice, and after a failure."""
+        if self._fs is None:
+            return
+        fs, self._fs = self._fs, None
+        fs.close()
+        try:
+            self.state.rmdir()
+            self.disk.rename(self.state)
+        except OSError:
+            pass  # a mount that would not go away keeps its files under disk/
+
+
+def brief_crash(lost: dict[str, Any], limit: int = 8) -> dict[str, Any]:
+    """What a cut lost, for the history: per file with anything pending, how many writes it had,
+    kept and dropped, and at most `limit` dropped byte ranges."""
+    files = []
+    for item in lost.get("files", []):
+        ranges = item.get("dropped_ranges") or []
+        files.append({"path": item.get("path"), "writes": item.get("writes"), "kept": item.get("kept_writes"),
+                      "dropped": item.get("dropped_writes"), "dropped_ranges": ranges[:limit],
+                      **({"more_ranges": len(ranges) - limit} if len(ranges) > limit else {}),
+                      **({"entry_removed": True} if item.get("entry_removed") else {}),
+                      **({"dropped_truncates": item["dropped_truncates"]} if item.get("dropped_truncates") else {})})
+    return {"mode": lost.get("mode"), "seed": lost.get("seed"), "dropped_writes": int(lost.get("dropped_writes") or 0),
+            "removed_entries": list(lost.get("removed_entries") or []), "torn": lost.get("torn"), "files": files}
