@@ -27,6 +27,9 @@ load hit both sides alike.
                  demo's whole campaign (every scenario at once) against that floor; upstream's.
     daemon       turns per second and p50/p99 latency through `hermes-supervisor serve`.
     memory       supervisor RSS at 10%, 50%, 100% of a random campaign; worker RSS.
+    powerloss    (only with --only powerloss: it needs FUSE) an exhaustive campaign of one scenario
+                 with power cuts against the same campaign with process kills, side by side, per
+                 case; where the extra time goes; what FULL and NORMAL keep through the cuts.
 
 The full bench also draws two SVG charts into docs/figures (`bench.charts`, matplotlib from the
 `bench` extra): flush cost against transcript length, ours and upstream's, and every recovery

@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
 SPILL_THRESHOLD_CHARS = 100_000
 SPILL_PREVIEW_CHARS = 4_000
+# The note a spilled result's preview ends with (written by `maybe_persist_tool_result`, read back
+# by `parse_spilled`): the one place its wording lives.
+_SPILL_NOTE = "\n\n[output of {tool} was {chars} characters; the full text is saved in {path}]"
+_SPILL_NOTE_RE = re.compile(r"\n\n\[output of (?P<tool>.+?) was (?P<chars>\d+) characters; "
+                            r"the full text is saved in (?P<path>[^\n]+)\]\Z")
 # Only for a call that never started: one that may have run is answered UNKNOWN_OUTCOME.
 CANCELLED_RESULT = "[cancelled: the turn was interrupted before this tool call finished]"
 
@@ -72,8 +77,18 @@ def maybe_persist_tool_result(*, content: str, tool_name: str, tool_call_id: str
     except OSError as exc:
         return (f"{preview}\n\n[output of {tool_name} was {len(content)} characters; only this preview "
                 f"was kept because saving the rest failed: {exc}]")
-    return (f"{preview}\n\n[output of {tool_name} was {len(content)} characters; "
-            f"the full text is saved in {path}]")
+    return preview + _SPILL_NOTE.format(tool=tool_name, chars=len(content), path=path)
+
+
+def parse_spilled(content: Any) -> tuple[str, int, Path] | None:
+    """(preview, characters, file) of a result `maybe_persist_tool_result` spilled to a file, or
+    None for any other content."""
+    if not isinstance(content, str):
+        return None
+    note = _SPILL_NOTE_RE.search(content)
+    if note is None:
+        return None
+    return content[:note.start()], int(note["chars"]), Path(note["path"])
 
 
 def _parse_arguments(call: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:

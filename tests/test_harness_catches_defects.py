@@ -260,6 +260,13 @@ DEFECT_CASES = [
         "synchronous_off", "synchronous-off",
         ("--faults", "power-loss", "--scenario", "single-tool", "--probe", "finalize.before"),
         frozenset({"power-cut-durability"}), at="finalize.before:1", below_sigkill=True)),
+    _case("spill-unsynced", Defect(
+        # parallel-read's third lookup is too big for the transcript and is spilled to a file that is
+        # never synced. Killed before the answer is flushed, the power is cut: the file is gone, its
+        # preview row survives and names it. With process kills alone the same campaign passes.
+        "spill_unsynced", "spill-unsynced",
+        ("--faults", "power-loss", "--scenario", "parallel-read", "--probe", "finalize.before"),
+        frozenset({"result-fidelity"}), at="finalize.before:1", below_sigkill=True)),
     _case("fencing-skipped-crowd", Defect(
         # Killed just before flushing its answer; four workers then resume the turn at once, and
         # without fencing every one of them answers it.

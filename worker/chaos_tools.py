@@ -2,7 +2,8 @@
 
 They cover each effect policy a recovery must respect:
 
-    lookup         read-only, parallel-safe            (idempotent)
+    lookup         read-only, parallel-safe            (idempotent); `pad` characters of padding make
+                   a result too big for the transcript, which the runtime spills to a file
     slow_lookup    read-only, parallel-safe, sleeps     (idempotent)
     set_value      keyed write, applied once per idempotency key (idempotent)
     append_note    a write that must never happen twice (at_most_once)
@@ -47,7 +48,8 @@ def _json(payload: dict[str, Any]) -> str:
 
 def _lookup_text(arguments: dict[str, Any]) -> str:
     key = _arg(arguments, "key")
-    return _json({"key": key, "value": f"value-of-{key}"})
+    pad = max(0, min(int(arguments.get("pad") or 0), 1_000_000))
+    return _json({"key": key, "value": f"value-of-{key}", **({"padding": "." * pad} if pad else {})})
 
 
 def _slow_lookup_text(arguments: dict[str, Any]) -> str:
@@ -131,9 +133,10 @@ def install(ledger: Ledger, report_effect: EffectReporter | None = None) -> None
         time.sleep(60)  # not reached: SIGKILL is delivered before the sleep ends
         return "restarted"
 
-    key_only = {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
     for tool in (
-        Tool("lookup", "Look a key up (read-only).", lookup, key_only, policy=IDEMPOTENT, parallel_safe=True),
+        Tool("lookup", "Look a key up (read-only).", lookup,
+             {"type": "object", "properties": {"key": {"type": "string"}, "pad": {"type": "integer", "minimum": 0}},
+              "required": ["key"]}, policy=IDEMPOTENT, parallel_safe=True),
         Tool("slow_lookup", "Look a key up slowly (read-only).", slow_lookup,
              {"type": "object", "properties": {"key": {"type": "string"}, "seconds": {"type": "number"}},
               "required": ["key"]}, policy=IDEMPOTENT, parallel_safe=True),

@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--ledger", type=Path, default=None, help="effects ledger (default: DB path + .effects)")
         sub.add_argument("--stream", action="store_true", help="stream model replies")
         sub.add_argument("--synchronous", default="FULL", choices=("FULL", "NORMAL"))
+        sub.add_argument("--home", type=Path, default=None, metavar="DIR",
+                         help="where the agent keeps its files, tool results too big for the transcript among "
+                              "them (default: $HERMES_HOME, else ~/.hermes)")
         sub.add_argument("--busy-budget", type=float, default=10.0, metavar="SECONDS")
         sub.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="model request timeout")
         sub.add_argument("--max-retries", type=int, default=2)

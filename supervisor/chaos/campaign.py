@@ -26,7 +26,9 @@ from supervisor.chaos.checker.verdict import VIOLATION_CLASSES, rank
 from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
 from supervisor.chaos.history import HistoryWriter, canonical_json, write_json
 from supervisor.chaos.nemesis.accounting import add_rows, campaign_rows, unlanded
+from supervisor.chaos.nemesis.lazyfs import LazyFSServers
 from supervisor.chaos.nemesis.model import MODEL_FAULTS, with_model_faults
+from supervisor.chaos.nemesis.powerloss import wants_power_cuts
 from supervisor.chaos.plan import Plan
 from supervisor.chaos.runner import CaseResult, CaseRunner
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, campaign_script
@@ -84,6 +86,8 @@ class Campaign:
         # Workers start as forks of the warm template where the target allows it, else as fresh interpreters.
         target = TARGETS[config.target]
         self.pool = Pool(forkserver=config.forkserver and target.forkserver, preload=target.preload)
+        # Power cuts: lazy file system servers, kept from case to case (supervisor.chaos.nemesis.powerloss).
+        self.lazyfs = LazyFSServers() if wants_power_cuts(config.faults) else None
         self.history = HistoryWriter(history_path) if history_path else None
         self.log_sink = log_sink
         self.on_result = on_result
@@ -134,6 +138,8 @@ class Campaign:
     def close(self) -> None:
         try:
             self.pool.close()
+            if self.lazyfs is not None:
+                self.lazyfs.close()
         finally:
             if self._server is not None:
                 self._served = self._server.faults_served()
@@ -225,7 +231,7 @@ class Campaign:
         """One run of `case`; no result when the campaign's stop cut it short."""
         assert self._root is not None and self._server is not None, "the campaign is not open"
         runner = CaseRunner(case, self._root, self._server.base_url, self.pool, self.history, self.config,
-                            self.log_sink)
+                            self.log_sink, self.lazyfs)
         try:
             return runner.run(), runner
         except PoolStopped:

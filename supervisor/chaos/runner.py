@@ -34,11 +34,12 @@ from supervisor.chaos.checker import (
     twin_transcript,
 )
 from supervisor.chaos.checker.deaths import NEMESIS, POWER_CUT, count_deaths, death_causes
-from supervisor.chaos.checker.evidence import load_applied, load_executions
+from supervisor.chaos.checker.evidence import ledger_keys
 from supervisor.chaos.generator import Case, case_file_stem
 from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_and_ask, summarize_rows
 from supervisor.chaos.nemesis import CROWD, CROWD_BUSY_BUDGET_S, Fault
 from supervisor.chaos.nemesis.accounting import account
+from supervisor.chaos.nemesis.lazyfs import LazyFSServers
 from supervisor.chaos.nemesis.model import STALL_WORKER_TIMEOUT_S, refusing_url
 from supervisor.chaos.nemesis.powerloss import (
     POWER_LOSS,
@@ -58,6 +59,7 @@ from supervisor.targets import DEFAULT_TARGET, TARGETS
 if TYPE_CHECKING:
     from supervisor.chaos.campaign import CampaignConfig
 
+AGENT_HOME = "hermes-home"  # beside the database: where the case's agent keeps its files
 PAUSE_SEEN_S = 5.0  # how long a SIGSTOPped worker may take to show as stopped
 WORKER_BUSY_BUDGET_S = 2.0
 WORKER_TIMEOUT_S = 20.0  # the worker's model request timeout
@@ -137,13 +139,16 @@ class CaseRunner:
     """Runs one case against a shared model server and process pool."""
 
     def __init__(self, case: Case, root: Path, base_url: str, pool: Pool, sink: HistoryWriter | None,
-                 config: CampaignConfig, on_log: Callable[[WorkerProcess, bytes], None] | None = None) -> None:
+                 config: CampaignConfig, on_log: Callable[[WorkerProcess, bytes], None] | None = None,
+                 lazyfs: LazyFSServers | None = None) -> None:
         self.case = case
         self.scenario: Scenario = SCENARIOS[case.scenario]
         self.target = TARGETS[config.target]
         self.dir = _claim_dir(root, case_file_stem(case.case_id))
         # Under power cuts the state lives on a lazy file system (supervisor.chaos.nemesis.powerloss).
-        self._power = PowerCuts(self.dir) if wants_power_cuts(config.faults) else None
+        if wants_power_cuts(config.faults) and lazyfs is None:
+            raise ValueError("--faults power-loss needs the campaign's lazy file system servers")
+        self._power = PowerCuts(self.dir, lazyfs) if lazyfs is not None and wants_power_cuts(config.faults) else None
         state = self._power.state if self._power is not None else self.dir
         self.db = state / "state.db"
         self.ledger = state / "effects.db"
@@ -285,6 +290,8 @@ class CaseRunner:
             args += ["--synchronous", self.config.synchronous]
         if self.target.name != DEFAULT_TARGET:
             args += ["--target", self.target.name]
+        else:  # the agent's own files (spilled results) live with the case's state, on its disk
+            args += ["--home", str(db.parent / AGENT_HOME)]
         return args + list(self.config.target_args)
 
     def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None,
@@ -341,8 +348,9 @@ class CaseRunner:
                             signal=proc.signal)
         self._running.discard(proc.incarnation)
         self._procs.pop(proc.incarnation, None)
-        if self._power is not None and death_causes(self.history.events).get(proc.incarnation) == NEMESIS:
-            self._power_cut(proc)  # before anything reads the files again
+        cut = self._power is not None and death_causes(self.history.events).get(proc.incarnation) == NEMESIS
+        if cut:
+            self._power_cut(proc)  # before anything reads the files again; takes the exit snapshot too
         if not self._running:
             # No connection of ours may outlive the last worker: the next worker must be the
             # database's first connection, so that it, like a restarted process in production,
@@ -351,7 +359,7 @@ class CaseRunner:
             self.observer.close()
         if proc.signal == signal.SIGKILL:
             self._sigkills += 1
-        if snapshot:
+        if snapshot and not cut:
             self._snapshot("exit", self._where[proc.incarnation][0])
 
     def _snapshot(self, after: str, turn_index: int | None = None) -> None:
@@ -360,6 +368,9 @@ class CaseRunner:
         question = None if turn_index is None else (lambda conn: self._read_turn_state(conn, turn_index))
         self._state_seen = self._durable_seen = None
         durable, state = snapshot_and_ask(self.db, question)
+        self._record_snapshot(after, durable, turn_index, state)
+
+    def _record_snapshot(self, after: str, durable: Durable, turn_index: int | None, state: Any) -> None:
         self.history.record("snapshot", after=after, rows={str(k): v for k, v in summarize_rows(durable).items()})
         if not self._running:
             self._durable_seen = (self._incarnations, durable)
@@ -401,7 +412,8 @@ class CaseRunner:
     def _power_cut(self, killed: WorkerProcess) -> None:
         """The planned kill of `killed` landed: cut the power under the whole case. Every other
         process of the case dies with it; what the mount showed, what the cut lost, and what the
-        disk holds afterwards go into one `power_cut` event (checker: power-cut-durability)."""
+        disk holds afterwards go into one `power_cut` event (checker: power-cut-durability), and
+        what it holds is the killed worker's exit snapshot."""
         assert self._power is not None
         others = [self._procs[inc] for inc in sorted(self._running)]
         for other in others:
@@ -415,16 +427,21 @@ class CaseRunner:
             before, _ = snapshot_and_ask(self.db, None)
         except StorageError as exc:  # what the mount shows cannot be read: nothing to compare with
             before = Durable(self.db, error=str(exc))
-        ledger_before = _ledger_keys(self.ledger)
+        ledger_before = ledger_keys(self.ledger)
         torn = TORN_WRITE in self.config.faults
         mode, seed = crash_plan(self.case.case_id, self._cuts, torn)
         self._cuts += 1
         lost = brief_crash(self._power.cut(mode, seed))
-        try:
-            after, integrity = snapshot_and_ask(self.db, _integrity)
+        turn_index = self._where[killed.incarnation][0]
+        self._state_seen = self._durable_seen = None
+        state: Any = _UNREAD
+        try:  # one copy of what survived: its integrity, and the exit snapshot's rows and turn state
+            after, answer = snapshot_and_ask(self.db, lambda conn: (_integrity(conn),
+                                                                    self._read_turn_state(conn, turn_index)))
+            integrity, state = answer if answer is not None else ("no database", None)
         except StorageError as exc:
             after, integrity = Durable(self.db, error=str(exc)), [str(exc)]
-        ledger_after = _ledger_keys(self.ledger)
+        ledger_after = ledger_keys(self.ledger)
         rows_before, rows_after = summarize_rows(before), summarize_rows(after)
         gone = {row_id: row for row_id, row in rows_before.items() if not _same_row(row, rows_after.get(row_id))}
         kept = [row_id for row_id in rows_before if row_id not in gone]
@@ -432,10 +449,12 @@ class CaseRunner:
             "power_cut", incarnation=killed.incarnation, synchronous=self.config.synchronous, **lost,
             killed=[other.incarnation for other in others], rows_before=len(rows_before), rows_after=len(rows_after),
             lost_rows={str(k): v for k, v in sorted(gone.items())}, kept_max_id=max(kept, default=0),
-            integrity=integrity if integrity is not None else "no database",
+            integrity=integrity,
             ledger_lost=sorted(ledger_before - ledger_after) if not isinstance(ledger_before, str) and
             not isinstance(ledger_after, str) else None,
             ledger_error=next((x for x in (ledger_before, ledger_after) if isinstance(x, str)), None))
+        if after.error is None:
+            self._record_snapshot("exit", after, turn_index, state)
         self._account(POWER_LOSS, landed=True)
         if torn:
             self._account(TORN_WRITE, landed=lost["torn"] is not None,
@@ -647,16 +666,6 @@ def _same_row(before: dict[str, Any], after: dict[str, Any] | None) -> bool:
     return after is not None and all(before.get(k) == after.get(k) for k in ("session", "turn", "role", "digest"))
 
 
-def _ledger_keys(ledger: Path) -> set[str] | str:
-    """What the effects ledger holds, as comparable keys (execution ids, applied idempotency keys),
-    or why it cannot be read."""
-    if not ledger.exists():
-        return set()
-    executions, applied = load_executions(ledger), load_applied(ledger)
-    for found in (executions, applied):
-        if isinstance(found, str):
-            return found
-    return {f"execution {row['id']}" for row in executions} | {f"applied {row['idempotency_key']}" for row in applied}
 
 
 def _kills_planned(fault: Fault | None) -> bool:

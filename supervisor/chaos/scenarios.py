@@ -58,6 +58,10 @@ class Scenario:
         return args
 
 
+# Padding that makes a lookup's result too big for the transcript (hermes.executor spills it).
+SPILLED_PAD = 120_000
+
+
 def _call(name: str, **arguments: object) -> ToolCallSpec:
     return ToolCallSpec(name, arguments)
 
@@ -71,10 +75,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         Turn("[single-tool] what is alpha?", (
             _tools(None, _call("lookup", key="alpha")),
             Reply("alpha is value-of-alpha."))),)),
-    Scenario("parallel-read", "a read-only batch run concurrently", (
+    Scenario("parallel-read", "a read-only batch run concurrently; one result is spilled to a file", (
         Turn("[parallel-read] compare a, b and c", (
             _tools("Looking up all three at once.", _call("lookup", key="a"),
-                   _call("slow_lookup", key="b", seconds=0.05), _call("lookup", key="c")),
+                   _call("slow_lookup", key="b", seconds=0.05), _call("lookup", key="c", pad=SPILLED_PAD)),
             Reply("a, b and c are all known."))),)),
     Scenario("mixed-batch", "reads, a write, a read: a segmented batch", (
         Turn("[mixed-batch] read two keys, store one, read again", (

@@ -158,6 +158,8 @@ def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink |
         raise UsageError(str(exc)) from None
     agent.session_source = "worker"
     agent._session_db_created = True
+    if args.home is not None:
+        agent.hermes_home = args.home
     agent_ref.append(agent)
     return agent
 

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable, Collection, Sequence
 
-from hermes.executor import CANCELLED_RESULT
+from hermes.executor import CANCELLED_RESULT, parse_spilled
 from hermes.resume import UNKNOWN_OUTCOME
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT
 from supervisor.chaos.checker.evidence import (
@@ -303,6 +303,27 @@ def _requested_calls(d: Durable) -> dict[tuple[str, str, str], tuple[str, Any]]:
     return calls
 
 
+def _spilled_text(spilled: tuple[str, int, Path], db_path: Path) -> tuple[str, str | None]:
+    """The whole text of a result spilled to a file (hermes.executor.parse_spilled), read back from
+    the file, or why it cannot stand for the result: the file must lie in the database's directory
+    tree, exist, hold exactly as many characters as the note says, and begin with the preview."""
+    preview, chars, path = spilled
+    home = Path(db_path).resolve().parent
+    if not path.resolve().is_relative_to(home):
+        return "", f"lies outside the directory of its database ({home})"
+    try:
+        text = path.read_text(encoding="utf-8", errors="surrogatepass")
+    except FileNotFoundError:
+        return "", "is missing"
+    except OSError as exc:
+        return "", f"cannot be read ({exc.strerror or exc})"
+    if len(text) != chars:
+        return text, f"holds {len(text)} characters, not the {chars} its preview row names"
+    if not text.startswith(preview):
+        return text, "does not begin with the preview its row shows"
+    return text, None
+
+
 def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expectation | None = None, *,
                     oracle: Callable[[str, Any], frozenset[str] | None] = clean_results) -> Verdict:
     """Every durable result says what really happened, and every completed answer is the script's.
@@ -319,6 +340,8 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
       running that turn stopped on SIGINT (KeyboardInterrupt: hermes.executor answers the
       calls such an interrupt cuts off with the unknown outcome);
     * the cancelled result, when no dispatch intent was ever recorded (the call never started).
+    A result too big for the transcript is judged by the file its preview row names (it must be
+    in the database's directory tree, hold the whole text, and begin with the preview).
     A harness or runtime error disguised as a tool result (a lost ledger write, a tool that
     crashed on the harness's own bug) fails here with the row and the clean results as witness.
     Results of tools the oracle does not know are counted, not judged. When
@@ -366,6 +389,13 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
             unjudged += 1
             continue
         judged += 1
+        spilled = parse_spilled(content)
+        if spilled is not None:
+            content, problem = _spilled_text(spilled, d.path)
+            if problem is not None:
+                violations.append(Violation(RESULT_FIDELITY, f"the result of {name} call {key[2]} was spilled to a "
+                                                             f"file that {problem}", dict(witness, file=str(spilled[2]))))
+                continue
         if content not in expected:
             violations.append(Violation(RESULT_FIDELITY, f"the result of {name} call {key[2]} is not what {name} "
                                                          "returns for these arguments", dict(

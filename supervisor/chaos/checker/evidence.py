@@ -46,6 +46,18 @@ def _read_ledger(ledger: Path | str, what: str,
         handle.close()
 
 
+def ledger_keys(ledger: Path) -> set[str] | str:
+    """What the effects ledger holds, as comparable keys ("execution <id>", "applied <idempotency
+    key>"), read from one private copy; an empty set when there is no ledger yet; else why it
+    cannot be read."""
+    if not Path(ledger).exists():
+        return set()
+    found = _read_ledger(ledger, "executions and applied keyed writes", lambda handle: [
+        *({"key": f"execution {row['id']}"} for row in handle.executions()),
+        *({"key": f"applied {row['idempotency_key']}"} for row in handle.applied())])
+    return found if isinstance(found, str) else {row["key"] for row in found}
+
+
 def load_executions(ledger: Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | str:
     """The ledger's execution rows, or a string saying why there are none to judge by."""
     if ledger is None:

@@ -1,11 +1,14 @@
 """The lazy file system: a FUSE passthrough that keeps what was never fsynced, so that a
 power cut can lose it.
 
-`LazyFS(backing, mountpoint).start()` mounts a directory over another one, served by a child
-process (``python -m supervisor.chaos.nemesis.lazyfs BACKING MOUNTPOINT --control SOCKET``,
-in a session of its own, killed by its recorded pid). The supervisor speaks to it over a
-Unix socket in a private 0700 directory, one JSON request a connection: `status`,
-`crash(mode, seed)` and `unmount`.
+`LazyFS(backing, mountpoint).start()` mounts a directory over another one, served by a
+`LazyFSServer`: a child process (``python -m supervisor.chaos.nemesis.lazyfs --control SOCKET``,
+in a session of its own, killed by its recorded pid) that serves one mount at a time, and
+any number of them one after another, so that a campaign starts one server per job rather
+than one per mount (`LazyFSServers`). The supervisor speaks to it over a Unix socket in a
+private 0700 directory, one JSON request a connection: `mount(backing, mountpoint)`,
+`status`, `crash(mode, seed)`, `remount` (the same directories, with nothing pending: after a
+crash), `unmount` and `exit`.
 
 What is lazy (held in the server's memory, per file, in issue order -- `lazyfs_state`):
   * write, truncate, ftruncate and open(O_TRUNC) of a regular file. Reads overlay them on the
@@ -48,6 +51,7 @@ import functools
 import importlib.util
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -133,6 +137,7 @@ class LazyOps:
         self._pending: dict[tuple[int, int], PendingFile] = {}
         self._unsynced: set[str] = set()  # entries created since their directory's last fsync
         self._seq = 0
+        self._ready = threading.Event()
 
     def _real(self, path: str | None) -> str:
         if path is None:  # an unlinked file reached by a path-only operation
@@ -334,6 +339,9 @@ class LazyOps:
         return {name: getattr(st, name) for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
                                                      "f_files", "f_ffree", "f_favail", "f_flag", "f_namemax")}
 
+    def init(self, path: str) -> None:
+        self._ready.set()  # the kernel's FUSE_INIT arrived: the mount is up and served
+
     def destroy(self, path: str) -> None:
         """A clean unmount is a sync, as the kernel writes its page cache back before one: every
         pending write reaches its file (after a crash there is none left)."""
@@ -365,89 +373,148 @@ class LazyOps:
 
 # -- the server process ---------------------------------------------------------------------
 
-def _answer(fs: LazyOps, mountpoint: str, request: dict[str, Any]) -> dict[str, Any]:
-    op = request.get("op")
-    if op == "status":
-        return {"ok": True, **fs.status()}
-    if op == "crash":
-        mode, seed = request.get("mode", "drop"), int(request.get("seed", 0))
-        if mode not in CRASH_MODES:
-            return {"ok": False, "error": f"unknown crash mode {mode!r}: one of {', '.join(CRASH_MODES)}"}
-        return {"ok": True, **fs.crash(mode, seed)}
-    if op == "unmount":
-        done = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True, timeout=30)
+class _Server:
+    """The server's state: the mount being served (its operations and directories), and the
+    requests the control thread hands the main thread, which alone may run libfuse's loop."""
+
+    def __init__(self) -> None:
+        self.mounts: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self.lock = threading.Lock()  # one control request at a time
+        self.fs: LazyOps | None = None
+        self.where: tuple[str, str] | None = None  # (backing, mountpoint) while mounted
+        self.ended = threading.Event()  # libfuse's loop returned (set while nothing is mounted)
+        self.ended.set()
+        self.failure: str | None = None
+
+    def mount(self, backing: str, mountpoint: str, timeout_s: float) -> dict[str, Any]:
+        if self.where is not None:
+            return {"ok": False, "error": f"already serving {self.where[1]}"}
+        self.failure = None
+        self.ended.clear()
+        fs = LazyOps(backing)
+        self.fs, self.where = fs, (backing, mountpoint)
+        self.mounts.put((backing, mountpoint))
+        deadline = time.monotonic() + timeout_s
+        while not fs._ready.wait(0.01):
+            if self.ended.is_set() or time.monotonic() > deadline:
+                self.fs = self.where = None
+                return {"ok": False, "error": self.failure or f"no mount at {mountpoint} in {timeout_s:.0f}s"}
+        return {"ok": True}
+
+    def unmount(self, timeout_s: float) -> dict[str, Any]:
+        if self.where is None:
+            return {"ok": True}
+        done = subprocess.run(["fusermount3", "-u", self.where[1]], capture_output=True, text=True, timeout=30)
         if done.returncode:
             return {"ok": False, "error": done.stderr.strip() or f"fusermount3 -u exited {done.returncode}"}
+        if not self.ended.wait(timeout_s):
+            return {"ok": False, "error": f"libfuse's loop did not end in {timeout_s:.0f}s after the unmount"}
+        self.fs = self.where = None
         return {"ok": True}
-    return {"ok": False, "error": f"unknown request {op!r}"}
+
+    def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        timeout_s = float(request.get("timeout", READY_TIMEOUT_S))
+        if op == "mount":
+            return self.mount(str(request["backing"]), str(request["mountpoint"]), timeout_s)
+        if op in ("unmount", "exit"):
+            answer = self.unmount(timeout_s)
+            if op == "exit" and answer["ok"]:
+                self.mounts.put(None)
+            return answer
+        if op == "remount":
+            where = self.where
+            if where is None:
+                return {"ok": False, "error": "nothing is mounted"}
+            answer = self.unmount(timeout_s)
+            return self.mount(*where, timeout_s) if answer["ok"] else answer
+        fs = self.fs
+        if fs is None:
+            return {"ok": False, "error": f"nothing is mounted to answer {op!r}"}
+        if op == "status":
+            return {"ok": True, **fs.status()}
+        if op == "crash":
+            mode, seed = request.get("mode", "drop"), int(request.get("seed", 0))
+            if mode not in CRASH_MODES:
+                return {"ok": False, "error": f"unknown crash mode {mode!r}: one of {', '.join(CRASH_MODES)}"}
+            return {"ok": True, **fs.crash(mode, seed)}
+        return {"ok": False, "error": f"unknown request {op!r}"}
+
+    def serve_mounts(self, fuse: Any) -> None:
+        """The main thread: serve each mount asked for until it is unmounted, until told to exit."""
+        while (where := self.mounts.get()) is not None:
+            backing, mountpoint = where
+            fs = self.fs
+            try:
+                fuse.FUSE(fs, mountpoint, foreground=True, fsname="lazyfs", use_ino=True, hard_remove=True)
+            except Exception as exc:  # noqa: BLE001  (said to whoever asked for the mount)
+                self.failure = f"libfuse could not serve {mountpoint}: {type(exc).__name__}: {exc}"
+            self.ended.set()
 
 
-def _serve_control(server: socket.socket, fs: LazyOps, mountpoint: str, answered: threading.Event) -> None:
+def _serve_control(listener: socket.socket, server: _Server, finished: threading.Event) -> None:
     while True:
-        conn, _ = server.accept()
+        conn, _ = listener.accept()
         with conn:
             try:
                 request = json.loads(conn.makefile("rb").readline())
-                answer = _answer(fs, mountpoint, request)
+                with server.lock:
+                    answer = server.answer(request)
             except Exception as exc:  # a bad request is answered, never fatal to the mount
                 request, answer = {}, {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             conn.sendall(json.dumps(answer).encode() + b"\n")
-            if request.get("op") == "unmount" and answer["ok"]:
-                answered.set()
+            if request.get("op") == "exit" and answer["ok"]:
+                finished.set()
                 return
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
-    parser.add_argument("backing")
-    parser.add_argument("mountpoint")
     parser.add_argument("--control", required=True, help="path of the control socket to create")
     args = parser.parse_args(argv)
     import mfusepy  # only the server process needs libfuse
 
     os.umask(0o077)
-    fs = LazyOps(args.backing)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(args.control)
-    server.listen()
-    answered = threading.Event()
-    threading.Thread(target=_serve_control, args=(server, fs, args.mountpoint, answered),
-                     name="lazyfs-control", daemon=True).start()
-    mfusepy.FUSE(fs, args.mountpoint, foreground=True, fsname="lazyfs", use_ino=True, hard_remove=True)
-    answered.wait(timeout=5.0)  # let the answer to `unmount` leave before the process ends
+    server = _Server()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(args.control)
+    listener.listen()
+    finished = threading.Event()
+    threading.Thread(target=_serve_control, args=(listener, server, finished), name="lazyfs-control",
+                     daemon=True).start()
+    server.serve_mounts(mfusepy)
+    finished.wait(timeout=5.0)  # let the answer to `exit` leave before the process ends
     return 0
 
 
 # -- the supervisor's side ------------------------------------------------------------------
 
-class LazyFS:
-    """A lazy file system at `mountpoint` over `backing`: start it, ask it, crash it, stop it."""
+class LazyFSServer:
+    """One server process: `start()` it, then mount through it, one mount at a time."""
 
-    def __init__(self, backing: Path | str, mountpoint: Path | str) -> None:
-        self.backing, self.mountpoint = Path(backing).absolute(), Path(mountpoint).absolute()
+    def __init__(self) -> None:
         self.pid: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._private: Path | None = None
 
-    def start(self, timeout_s: float = READY_TIMEOUT_S) -> LazyFS:
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> LazyFSServer:
         why = why_unavailable()
         if why:
             raise LazyFSError(why)
         self._private = Path(tempfile.mkdtemp(prefix="lazyfs-"))  # 0700: only we reach the socket
         self.control = self._private / "control.sock"
         with open(self._private / "server.log", "wb") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", MODULE, str(self.backing), str(self.mountpoint), "--control",
-                 str(self.control)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+            self._proc = subprocess.Popen([sys.executable, "-m", MODULE, "--control", str(self.control)],
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
         self.pid = self._proc.pid
         deadline = time.monotonic() + timeout_s
-        while not (self.control.exists() and is_mounted(self.mountpoint)):
+        while not self.control.exists():
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 log_tail = self.log()[-2000:]
                 self.close()
-                raise LazyFSError(f"the lazy file system did not come up at {self.mountpoint}: {log_tail}")
-            time.sleep(0.01)
+                raise LazyFSError(f"the lazy file system server did not start: {log_tail}")
+            time.sleep(0.005)
         return self
 
     @property
@@ -473,6 +540,91 @@ class LazyFS:
             raise LazyFSError(f"{payload['op']} refused: {answer['error']}")
         return answer
 
+    def close(self) -> None:
+        """Leave nothing behind: ask the server to unmount and exit, else kill it by its recorded
+        pid (its whole session). A mount it leaves is detached by whoever owns the mount point."""
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                self.request({"op": "exit", "timeout": 10.0}, timeout_s=15.0)
+                self._proc.wait(timeout=10.0)
+            except (LazyFSError, subprocess.TimeoutExpired):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait()
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
+            self._private = None
+
+
+class LazyFSServers:
+    """Servers for a campaign's cases, kept between cases: `acquire()` one for a case (an idle
+    one, else a new one), `release()` it after, `close()` them all at the end."""
+
+    def __init__(self) -> None:
+        self._idle: list[LazyFSServer] = []
+        self._all: list[LazyFSServer] = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> LazyFSServer:
+        with self._lock:
+            while self._idle:
+                server = self._idle.pop()
+                if server.running:
+                    return server
+        server = LazyFSServer().start()
+        with self._lock:
+            self._all.append(server)
+        return server
+
+    def release(self, server: LazyFSServer) -> None:
+        with self._lock:
+            if server.running:
+                self._idle.append(server)
+
+    def close(self) -> None:
+        with self._lock:
+            servers, self._all, self._idle = self._all, [], []
+        for server in servers:
+            server.close()
+
+
+class LazyFS:
+    """A lazy file system at `mountpoint` over `backing`: start it, ask it, crash it, stop it.
+    It runs on a server of its own, or on `server` (which it leaves running when it stops)."""
+
+    def __init__(self, backing: Path | str, mountpoint: Path | str, server: LazyFSServer | None = None) -> None:
+        self.backing, self.mountpoint = Path(backing).absolute(), Path(mountpoint).absolute()
+        self.server = server
+        self._own = server is None
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> LazyFS:
+        if self.server is None:
+            self.server = LazyFSServer().start(timeout_s)
+        try:
+            self.server.request({"op": "mount", "backing": str(self.backing), "mountpoint": str(self.mountpoint),
+                                 "timeout": timeout_s}, timeout_s=timeout_s + 5.0)
+        except LazyFSError as exc:
+            log_tail = self.server.log()[-2000:]
+            self.close()
+            raise LazyFSError(f"the lazy file system did not come up at {self.mountpoint}: {exc} {log_tail}") from None
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.server.pid if self.server is not None else None
+
+    @property
+    def running(self) -> bool:
+        """Whether its server process is alive."""
+        return self.server is not None and self.server.running
+
+    def log(self) -> str:
+        return self.server.log() if self.server is not None else ""
+
+    def request(self, payload: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
+        if self.server is None:
+            raise LazyFSError(f"{self.mountpoint} is not mounted")
+        return self.server.request(payload, timeout_s)
+
     def status(self) -> dict[str, Any]:
         """Per file: the unsynced writes (count, merged byte ranges, truncations); the unsynced
         directory entries."""
@@ -480,29 +632,32 @@ class LazyFS:
 
     def crash(self, mode: str = "drop", seed: int = 0) -> dict[str, Any]:
         """Cut the power (see `lazyfs_state`); answers what was lost. The mount then fails every
-        operation with EIO."""
+        operation with EIO, until `remount`."""
         return self.request({"op": "crash", "mode": mode, "seed": seed})
 
+    def remount(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Take the mount down and bring a fresh one up over the same backing directory: after a
+        crash, what the disk kept, and no page the kernel cached of the old mount."""
+        self.request({"op": "remount", "timeout": timeout_s}, timeout_s=timeout_s + 35.0)
+
     def unmount(self, timeout_s: float = 30.0) -> None:
-        """Unmount (fusermount3 -u) and wait for the server to end; fails while the mount is busy."""
-        self.request({"op": "unmount"})
-        assert self._proc is not None
-        self._proc.wait(timeout=timeout_s)
+        """Unmount (fusermount3 -u); fails while the mount is busy. Its own server exits too."""
+        self.request({"op": "unmount", "timeout": timeout_s}, timeout_s=timeout_s + 35.0)
+        if self._own and self.server is not None:
+            self.server.close()
 
     def close(self) -> None:
-        """Leave nothing behind, whatever state it is in: unmount if it can, else kill the server
-        by its recorded pid (its whole session) and detach the mount."""
-        if self._proc is not None and self._proc.poll() is None:
+        """Leave nothing behind, whatever state it is in: unmount if it can, else (its own server)
+        kill the server by its recorded pid and detach the mount."""
+        if self.server is not None and self.server.running:
             try:
-                self.unmount(timeout_s=10.0)
-            except (LazyFSError, subprocess.TimeoutExpired):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait()
+                self.request({"op": "unmount", "timeout": 10.0}, timeout_s=45.0)
+            except LazyFSError:
+                self.server.close()  # a mount it cannot give up: the server goes with it
+        if self._own and self.server is not None:
+            self.server.close()
         if is_mounted(self.mountpoint):
             subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True, timeout=30)
-        if self._private is not None:
-            shutil.rmtree(self._private, ignore_errors=True)
-            self._private = None
 
     def __enter__(self) -> LazyFS:
         return self.start()

@@ -15,6 +15,9 @@ kill the case's plan lands becomes a power cut (`PowerCuts.cut`):
    page the kernel cached of the old one can be read again; recovery then runs as after any
    crash.
 
+A campaign keeps its lazy file system servers from case to case (`LazyFSServers`: about one
+per job), so a case pays for a mount and an unmount, not for starting a server.
+
 Which crash state a cut applies, and its seed, follow from the case id and the cut's index,
 so a case's repro line cuts the same way again (`crash_plan`).
 """
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes.private_files import make_private_dirs
-from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSError, why_unavailable
+from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSError, LazyFSServers, why_unavailable
 
 POWER_LOSS, TORN_WRITE = "power-loss", "torn-write"
 POWER_FAULTS = (POWER_LOSS, TORN_WRITE)
@@ -71,15 +74,21 @@ class PowerCuts:
     """One case's state directory on a lazy file system: `state` is the mount, `disk` what the
     disk holds. `mount()` before the case, `cut()` at each landed kill, `release()` after it."""
 
-    def __init__(self, case_dir: Path) -> None:
+    def __init__(self, case_dir: Path, servers: LazyFSServers) -> None:
         self.disk = case_dir / "disk"
         self.state = case_dir / "state"
+        self._servers = servers
         self._fs: LazyFS | None = None
 
     def mount(self) -> None:
         make_private_dirs(self.disk)
         make_private_dirs(self.state)
-        self._fs = LazyFS(self.disk, self.state).start()
+        server = self._servers.acquire()
+        try:
+            self._fs = LazyFS(self.disk, self.state, server=server).start()
+        finally:
+            if self._fs is None:
+                self._servers.release(server)
 
     def cut(self, mode: str, seed: int) -> dict[str, Any]:
         """Cut the power now and bring a fresh mount up over what survived; returns the lazy file
@@ -88,8 +97,7 @@ class PowerCuts:
         if self._fs is None:
             raise LazyFSError("no lazy file system is mounted for this case")
         lost = self._fs.crash(mode, seed)
-        self._fs.close()
-        self._fs = LazyFS(self.disk, self.state).start()
+        self._fs.remount()
         return lost
 
     def release(self) -> None:
@@ -99,6 +107,8 @@ class PowerCuts:
             return
         fs, self._fs = self._fs, None
         fs.close()
+        if fs.server is not None:
+            self._servers.release(fs.server)
         try:
             self.state.rmdir()
             self.disk.rename(self.state)
