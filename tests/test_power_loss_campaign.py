@@ -147,9 +147,16 @@ def test_a_failed_integrity_check_is_damage() -> None:
     assert verdict.valid is False and verdict.violations[0].kind == DAMAGE
 
 
-def test_a_ledger_that_lost_records_leaves_the_case_undetermined() -> None:
-    verdict = power_cut_durability([_cut("FULL", {}, ledger_lost=["execution 4"])])
+def test_a_ledger_that_lost_a_reported_record_leaves_the_case_undetermined() -> None:
+    lost = [{"record": "execution 4", "tool_call_id": "call_1", "answered": True}]
+    verdict = power_cut_durability([_cut("FULL", {}, ledger_lost=lost)])
     assert verdict.valid == UNKNOWN and "effects ledger" in verdict.message
+
+
+def test_a_ledger_record_still_in_flight_may_go() -> None:
+    lost = [{"record": "execution 4", "tool_call_id": "call_1", "answered": False}]
+    verdict = power_cut_durability([_cut("FULL", {}, ledger_lost=lost)])
+    assert verdict.valid is True and verdict.counts["ledger_uncommitted_lost"] == 1
 
 
 def test_the_row_invariants_forget_a_normal_loss_and_keep_a_full_one() -> None:

@@ -34,7 +34,7 @@ from supervisor.chaos.checker import (
     twin_transcript,
 )
 from supervisor.chaos.checker.deaths import NEMESIS, POWER_CUT, count_deaths, death_causes
-from supervisor.chaos.checker.evidence import ledger_keys
+from supervisor.chaos.checker.evidence import ledger_records
 from supervisor.chaos.generator import Case, case_file_stem
 from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_and_ask, summarize_rows
 from supervisor.chaos.nemesis import CROWD, CROWD_BUSY_BUDGET_S, Fault
@@ -427,7 +427,7 @@ class CaseRunner:
             before, _ = snapshot_and_ask(self.db, None)
         except StorageError as exc:  # what the mount shows cannot be read: nothing to compare with
             before = Durable(self.db, error=str(exc))
-        ledger_before = ledger_keys(self.ledger)
+        ledger_before = ledger_records(self.ledger)
         torn = TORN_WRITE in self.config.faults
         mode, seed = crash_plan(self.case.case_id, self._cuts, torn)
         self._cuts += 1
@@ -441,7 +441,7 @@ class CaseRunner:
             integrity, state = answer if answer is not None else ("no database", None)
         except StorageError as exc:
             after, integrity = Durable(self.db, error=str(exc)), [str(exc)]
-        ledger_after = ledger_keys(self.ledger)
+        ledger_after = ledger_records(self.ledger)
         rows_before, rows_after = summarize_rows(before), summarize_rows(after)
         gone = {row_id: row for row_id, row in rows_before.items() if not _same_row(row, rows_after.get(row_id))}
         kept = [row_id for row_id in rows_before if row_id not in gone]
@@ -450,8 +450,7 @@ class CaseRunner:
             killed=[other.incarnation for other in others], rows_before=len(rows_before), rows_after=len(rows_after),
             lost_rows={str(k): v for k, v in sorted(gone.items())}, kept_max_id=max(kept, default=0),
             integrity=integrity,
-            ledger_lost=sorted(ledger_before - ledger_after) if not isinstance(ledger_before, str) and
-            not isinstance(ledger_after, str) else None,
+            ledger_lost=_ledger_lost(ledger_before, ledger_after, after),
             ledger_error=next((x for x in (ledger_before, ledger_after) if isinstance(x, str)), None))
         if after.error is None:
             self._record_snapshot("exit", after, turn_index, state)
@@ -659,6 +658,18 @@ def _integrity(conn: sqlite3.Connection) -> str | list[str]:
     """PRAGMA integrity_check of a snapshot copy: "ok", or what it found wrong."""
     found = [str(row[0]) for row in conn.execute("PRAGMA integrity_check").fetchall()]
     return "ok" if found == ["ok"] else found
+
+
+def _ledger_lost(before: dict[str, str | None] | str, after: dict[str, str | None] | str,
+                 survived: Durable) -> list[dict[str, Any]] | None:
+    """The ledger's records the cut took, each with its tool call and whether that call's result
+    survived in the transcript (the record was then committed before the result was, so before a
+    commit that returned: a loss the ledger must not have). None when a side could not be read."""
+    if isinstance(before, str) or isinstance(after, str):
+        return None
+    answered = {row.get("tool_call_id") for row in survived.rows if row.get("role") == "tool"}
+    return [{"record": key, "tool_call_id": call, "answered": call is not None and call in answered}
+            for key, call in sorted(before.items()) if key not in after]
 
 
 def _same_row(before: dict[str, Any], after: dict[str, Any] | None) -> bool:

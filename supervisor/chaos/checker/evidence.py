@@ -46,16 +46,22 @@ def _read_ledger(ledger: Path | str, what: str,
         handle.close()
 
 
-def ledger_keys(ledger: Path) -> set[str] | str:
-    """What the effects ledger holds, as comparable keys ("execution <id>", "applied <idempotency
-    key>"), read from one private copy; an empty set when there is no ledger yet; else why it
-    cannot be read."""
+def ledger_records(ledger: Path) -> dict[str, str | None] | str:
+    """What the effects ledger holds, read from one private copy: each record as a comparable key
+    ("execution <id>", "applied <idempotency key>") -> the tool call it belongs to; an empty dict
+    when there is no ledger yet; else why it cannot be read."""
     if not Path(ledger).exists():
-        return set()
-    found = _read_ledger(ledger, "executions and applied keyed writes", lambda handle: [
-        *({"key": f"execution {row['id']}"} for row in handle.executions()),
-        *({"key": f"applied {row['idempotency_key']}"} for row in handle.applied())])
-    return found if isinstance(found, str) else {row["key"] for row in found}
+        return {}
+
+    def read(handle: Ledger) -> list[dict[str, Any]]:
+        executions = handle.executions()
+        calls = {row["idempotency_key"]: row["tool_call_id"] for row in executions if row["idempotency_key"]}
+        return [*({"key": f"execution {row['id']}", "call": row["tool_call_id"]} for row in executions),
+                *({"key": f"applied {row['idempotency_key']}", "call": calls.get(row["idempotency_key"])}
+                  for row in handle.applied())]
+
+    found = _read_ledger(ledger, "executions and applied keyed writes", read)
+    return found if isinstance(found, str) else {row["key"]: row["call"] for row in found}
 
 
 def load_executions(ledger: Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | str:

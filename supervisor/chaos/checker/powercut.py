@@ -64,8 +64,11 @@ def power_cut_durability(events: Sequence[dict[str, Any]]) -> Verdict:
     * at NORMAL, the lost suffix is the documented cost of that level: a DURABILITY_COST
       violation that says how many rows went and how many of them had been claimed durable.
 
-    The effects ledger is the ground truth of what ran: a cut that lost any of its records
-    leaves the case undetermined, never passed. With no power cut the invariant holds vacuously.
+    The effects ledger is the ground truth of what ran: a cut that lost a record of a call whose
+    result survived in the transcript (so the record's commit had returned) leaves the case
+    undetermined, never passed; a record whose call has no result left was in flight (a tool
+    thread committing it when the kill landed) and may go. With no power cut the invariant holds
+    vacuously.
     """
     violations: list[Violation] = []
     counts = {"cuts": 0, "dropped_writes": 0, "rows_lost": 0, "claimed_lost": 0, "uncommitted_lost": 0}
@@ -105,11 +108,14 @@ def power_cut_durability(events: Sequence[dict[str, Any]]) -> Verdict:
                 f"{len(claimed_lost)} of them already claimed durable (the cost that level documents)",
                 {**where, "lost_row_ids": sorted(lost), "claimed_lost": {str(k): v for k, v in claimed_lost.items()}},
                 DURABILITY_COST))
+        ledger_lost = cut.get("ledger_lost") or []
+        reported = [r["record"] for r in ledger_lost if r.get("answered")]
+        counts["ledger_uncommitted_lost"] = counts.get("ledger_uncommitted_lost", 0) + len(ledger_lost) - len(reported)
         if cut.get("ledger_error"):
             ledger_problems.append(f"the effects ledger could not be read around a power cut: {cut['ledger_error']}")
-        elif cut.get("ledger_lost"):
-            ledger_problems.append(f"a power cut lost {len(cut['ledger_lost'])} record(s) of the effects ledger "
-                                   f"({', '.join(cut['ledger_lost'][:3])}): it no longer witnesses what ran")
+        elif reported:
+            ledger_problems.append(f"a power cut lost {len(reported)} record(s) of the effects ledger whose tool "
+                                   f"results survived ({', '.join(reported[:3])}): it no longer witnesses what ran")
     if not of_type(events, "power_cut"):
         return verdict_of(POWER_CUT_DURABILITY, [], counts)
     return verdict_of(POWER_CUT_DURABILITY, violations, counts, "; ".join(ledger_problems) or None, UNDETERMINED)

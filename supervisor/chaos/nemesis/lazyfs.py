@@ -2,7 +2,7 @@
 power cut can lose it.
 
 `LazyFS(backing, mountpoint).start()` mounts a directory over another one, served by a
-`LazyFSServer`: a child process (``python -m supervisor.chaos.nemesis.lazyfs --control SOCKET``,
+`LazyFSServer`: a child process (`main`, started as ``python -c SERVE --control SOCKET``,
 in a session of its own, killed by its recorded pid) that serves one mount at a time, and
 any number of them one after another, so that a campaign starts one server per job rather
 than one per mount (`LazyFSServers`). The supervisor speaks to it over a Unix socket in a
@@ -68,6 +68,9 @@ from typing import Any
 from supervisor.chaos.nemesis.lazyfs_state import CRASH_MODES, PendingFile, apply_ops, cut_power, sync_file, under
 
 MODULE = "supervisor.chaos.nemesis.lazyfs"
+# How a server process starts: `main` imported from this module (run as `-m`, the module would be
+# imported twice, once by its package, once as __main__).
+SERVE = f"import sys; from {MODULE} import main; sys.exit(main())"
 READY_TIMEOUT_S = 15.0
 
 
@@ -477,8 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)
     server = _Server()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(args.control)
+    listener.bind(f"{args.control}.new")
     listener.listen()
+    os.rename(f"{args.control}.new", args.control)  # the name appears once a connection can be taken
     finished = threading.Event()
     threading.Thread(target=_serve_control, args=(listener, server, finished), name="lazyfs-control",
                      daemon=True).start()
@@ -504,7 +508,7 @@ class LazyFSServer:
         self._private = Path(tempfile.mkdtemp(prefix="lazyfs-"))  # 0700: only we reach the socket
         self.control = self._private / "control.sock"
         with open(self._private / "server.log", "wb") as log:
-            self._proc = subprocess.Popen([sys.executable, "-m", MODULE, "--control", str(self.control)],
+            self._proc = subprocess.Popen([sys.executable, "-c", SERVE, "--control", str(self.control)],
                                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)
         self.pid = self._proc.pid
