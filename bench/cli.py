@@ -4,7 +4,7 @@
                     [--charts DIR | --no-charts]
 
 `--only powerloss` (bench.powerloss; needs FUSE) is not in the default set: a minute of campaigns on a
-lazy file system. `python -m bench.powerloss` runs it alone with its own sizes.
+lazy file system.
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """powerloss: what a power cut costs a chaos case, and what each durability level keeps.
 
-    python -m bench.powerloss [--scenario NAME] [--rounds N] [--limit N] [--jobs N] [--dir PATH] [--json PATH]
-    python -m bench --only powerloss [--quick]       (the same section in the bench's table; not in its default set)
+    python -m bench --only powerloss [--quick] [--json PATH]      (not in the bench's default set)
 
 One exhaustive campaign of one scenario (default single-tool, every case), run in-process three
 ways, in alternating order round after round (A B C, then C B A, ...) so that machine noise hits
@@ -15,18 +14,16 @@ each alike:
 
 Printed: wall milliseconds per case (after the first verdict, so the template's start is out;
 median over the rounds) of B against A, against the target "a power-cut case costs at most about
-2x a process-kill case"; C against B; where B's extra time per case goes (lazy file system
-starts, unmounts, crash requests, the rest of each cut, snapshots, everything else), from timers
+2x a process-kill case"; C against B; where B's extra time per case goes (mounts, remounts and
+unmounts through the campaign's lazy file system servers, crash requests, the rest of each cut,
+snapshots, everything else), from timers
 wrapped around those calls for the run; CPU per case; and per durability level what the cuts
 dropped, the rows lost and the violations by class. A measurement, not a test.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -34,14 +31,14 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import supervisor.chaos.runner as runner_module
 from bench.campaign import measure_campaign
-from bench.table import Figure, Report, machine_info, median, render
+from bench.table import Figure, Report, median
 from supervisor.chaos.campaign import CampaignConfig, summarize
 from supervisor.chaos.checker.verdict import VIOLATION_CLASSES
-from supervisor.chaos.nemesis.lazyfs import LazyFS, why_unavailable
+from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSServer, why_unavailable
 from supervisor.chaos.runner import CaseRunner
 
 SCENARIO = "single-tool"
@@ -68,7 +65,7 @@ class _Timers:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        self.server_cpu = 0.0  # CPU seconds of the lazy file system servers, read before each close
+        self.server_cpu = 0.0  # CPU seconds of the lazy file system servers, read as each one exits
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -97,11 +94,11 @@ class _Timers:
                     timers._local.cut = False
         return timed
 
-    def read_server_cpu(self, fs: LazyFS, *_: Any) -> None:
-        if fs.pid is None:
+    def read_server_cpu(self, server: LazyFSServer, *_: Any) -> None:
+        if server.pid is None or not server.running:
             return
         try:
-            fields = Path(f"/proc/{fs.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             return
         with self._lock:
@@ -112,14 +109,14 @@ class _Timers:
 def _timed() -> Iterator[_Timers]:
     """Time, for the run, what a power-cut case does that a process-kill one does not (and what both do)."""
     timers = _Timers()
-    patches = [(LazyFS, "start", None), (LazyFS, "crash", None), (LazyFS, "close", timers.read_server_cpu),
-               (CaseRunner, "run", None), (CaseRunner, "_power_cut", None), (runner_module, "snapshot_and_ask", None)]
-    names = {"start": "start", "crash": "crash", "close": "close", "run": "case", "_power_cut": "cut",
-             "snapshot_and_ask": "snapshot"}
-    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patches]
+    patches = [(LazyFS, "start", "start", None), (LazyFS, "crash", "crash", None), (LazyFS, "remount", "remount", None),
+               (LazyFS, "close", "close", None), (LazyFSServer, "close", "server exit", timers.read_server_cpu),
+               (CaseRunner, "run", "case", None), (CaseRunner, "_power_cut", "cut", None),
+               (runner_module, "snapshot_and_ask", "snapshot", None)]
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _, _ in patches]
     try:
-        for owner, attr, before in patches:
-            setattr(owner, attr, timers.wrap(names[attr], getattr(owner, attr), before))
+        for owner, attr, name, before in patches:
+            setattr(owner, attr, timers.wrap(name, getattr(owner, attr), before))
         yield timers
     finally:
         for owner, attr, original in saved:
@@ -241,15 +238,17 @@ def _where_extra(report: Report, scenario: str, a: list[Sample], b: list[Sample]
         return _med(samples, lambda x: x.ms.get(name, 0.0)) or 0.0
 
     count = {name: _med(b, lambda x, k=name: x.calls.get(k, 0.0)) or 0.0
-             for name in ("start", "close", "crash", "cut")}
-    cut_rest = part(b, "cut") - part(b, "start@cut") - part(b, "close@cut") - part(b, "crash@cut")
+             for name in ("start", "remount", "close", "crash", "cut")}
+    cut_rest = part(b, "cut") - part(b, "remount@cut") - part(b, "crash@cut")
     snapshots = (part(b, "snapshot") - part(b, "snapshot@cut")) - part(a, "snapshot")
-    parts = [("lazyfs server start (mount, and remount at each cut)", part(b, "start"),
-              f"LazyFS.start, {count['start']:.2f} a case: a fresh interpreter serving the mount, waited for until "
-              f"it is mounted"),
-             ("lazyfs unmount (at each cut, and the release)", part(b, "close"),
-              f"LazyFS.close, {count['close']:.2f} a case: the unmount request, fusermount3 -u, the server's exit "
-              f"(the release writes back)"),
+    parts = [("lazyfs mount", part(b, "start"),
+              f"LazyFS.start, {count['start']:.2f} a case: a mount request to one of the campaign's servers "
+              "(started once, kept from case to case), answered once the kernel's FUSE_INIT arrived"),
+             ("lazyfs remount at each cut", part(b, "remount"),
+              f"LazyFS.remount, {count['remount']:.2f} a case: fusermount3 -u and a fresh mount over the same "
+              "backing directory"),
+             ("lazyfs unmount at the release", part(b, "close"),
+              f"LazyFS.close, {count['close']:.2f} a case: fusermount3 -u (the release writes back what is pending)"),
              ("lazyfs crash request", part(b, "crash"),
               f"LazyFS.crash, {count['crash']:.2f} a case: the server applies the crash state"),
              ("rest of each cut (kills, snapshots before/after, integrity)", cut_rest,
@@ -314,44 +313,3 @@ def _levels(report: Report, scenario: str, levels: dict[str, list[Sample]], roun
                         f"range when they differ):")
     report.notes.extend("  " + "  ".join(str(cell).rjust(widths[i]) if i else str(cell).ljust(widths[i])
                                           for i, cell in enumerate(row)) for row in rows)
-
-
-# ---------------------------------------------------------------------------- standalone
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.powerloss", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", default=SCENARIO, help=f"the campaign's scenario (default {SCENARIO})")
-    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds of A, B, C (default {ROUNDS})")
-    parser.add_argument("--limit", type=int, default=None, help="kill cases per campaign (default: all)")
-    parser.add_argument("--jobs", type=int, default=2, help="campaign parallelism (default 2)")
-    parser.add_argument("--dir", type=Path, default=None, metavar="PATH",
-                        help="where the campaigns' state lives (default: the system temp directory)")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
-    args = parser.parse_args(argv)
-    why = unavailable()
-    if why is not None:
-        print(f"bench.powerloss: no lazy file system here: {why}", file=sys.stderr)
-        return 2
-    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    bench_dir = Path(tempfile.mkdtemp(prefix="hermes-bench-", dir=args.dir))
-    report = Report(machine=machine_info(bench_dir))
-    started = time.monotonic()
-    try:
-        bench_powerloss(report, bench_dir, args.scenario, args.jobs, max(1, args.rounds), args.limit,
-                        progress=lambda line: print(line, file=sys.stderr, flush=True))
-    finally:
-        shutil.rmtree(bench_dir, ignore_errors=True)
-    try:
-        report.machine["load(1m) at end"] = "%.2f" % os.getloadavg()[0]
-    except OSError:
-        pass
-    report.notes.append(f"took {time.monotonic() - started:.0f}s")
-    print(render(report), flush=True)
-    if args.json is not None:  # the shape `python -m bench --json` writes
-        args.json.write_text(json.dumps({"machine": report.machine, "notes": report.notes,
-                                         "figures": [f.__dict__ | {"result": f.verdict()} for f in report.figures]},
-                                        indent=2, default=str), encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

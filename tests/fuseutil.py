@@ -3,10 +3,11 @@ in CI (CI=true), fail, since there a machine without FUSE is a broken machine.""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from supervisor.chaos.nemesis.lazyfs import why_unavailable
+from supervisor.chaos.nemesis.lazyfs import LazyFS, why_unavailable
 
 
 def in_ci() -> bool:
@@ -20,3 +21,11 @@ def require_fuse() -> None:
     if in_ci():
         pytest.fail(f"CI=true and the lazy file system cannot run here: {why}", pytrace=False)
     pytest.skip(f"the lazy file system cannot run here: {why}")
+
+
+def lazy_mount(root: Path) -> tuple[Path, Path, LazyFS]:
+    """(backing, mount point, the lazy file system mounted over it), in two new directories of `root`."""
+    backing, mnt = root / "backing", root / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    return backing, mnt, LazyFS(backing, mnt).start()

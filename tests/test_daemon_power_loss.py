@@ -41,9 +41,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from fuseutil import require_fuse
+from fuseutil import lazy_mount, require_fuse
 
 from bench.api import ApiClient, Event, EventStream, HttpDaemon
+from hermes.private_files import fsync_dir
 from hermes.state import open_snapshot
 from supervisor.chaos.nemesis.lazyfs import LazyFS, is_mounted
 from supervisor.daemon import inbox
@@ -60,13 +61,6 @@ SESSION = "power-cut"
 STREAM_TIMEOUT_S = 20.0  # a read of the event stream that gets no byte for this long fails
 ENDS = ("turn_done", "turn_failed")
 
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 Key = tuple[int, str, str]  # an event as a client can compare it: id, kind, its data as canonical JSON
@@ -112,10 +106,7 @@ class PowerRig:
     def __init__(self, root: Path, defect: Path | None = None, synchronous: str = "FULL") -> None:
         self.root = root
         self.synchronous = synchronous
-        self.backing, self.mnt = root / "backing", root / "mnt"
-        self.backing.mkdir()
-        self.mnt.mkdir()
-        self.fs = LazyFS(self.backing, self.mnt).start()
+        self.backing, self.mnt, self.fs = lazy_mount(root)
         self.state = self.mnt / "state"
         try:
             self.state.mkdir()

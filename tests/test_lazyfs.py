@@ -21,9 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fuseutil import require_fuse
+from fuseutil import lazy_mount, require_fuse
 
-from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSError, is_mounted
+from hermes.private_files import fsync_dir
+from supervisor.chaos.nemesis.lazyfs import LazyFSError, is_mounted
 from supervisor.chaos.nemesis.lazyfs_state import Write, power_cut
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
@@ -35,10 +36,7 @@ class Mount:
     """One lazy file system for a test, and every process the test starts on it."""
 
     def __init__(self, root: Path) -> None:
-        self.backing, self.mnt = root / "backing", root / "mnt"
-        self.backing.mkdir()
-        self.mnt.mkdir()
-        self.fs = LazyFS(self.backing, self.mnt).start()
+        self.backing, self.mnt, self.fs = lazy_mount(root)
         self.children: list[subprocess.Popen[bytes]] = []
 
     def durable(self, name: str, content: bytes) -> Path:
@@ -63,13 +61,6 @@ class Mount:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
 
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def pwrite(path: Path, data: bytes, offset: int, sync: str = "") -> None:

@@ -24,6 +24,9 @@ from supervisor.chaos.nemesis.powerloss import crash_plan
 
 REPO = Path(__file__).resolve().parents[1]
 CAMPAIGN_TIMEOUT_S = 300.0  # bounds a hang only
+# Power cuts after each write ran and after each result was shown: rows claimed durable are pending or synced.
+AFTER_WRITES = ("--mode", "exhaustive", "--faults", "power-loss", "--scenario", "writes",
+                "--probe", "tool.dispatch.after", "--probe", "callback.tool_complete.after")
 
 
 def _campaign(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
@@ -44,9 +47,7 @@ def _mounts_left() -> list[str]:
 @pytest.mark.xdist_group("chaos")
 def test_full_keeps_every_commit_through_every_cut(tmp_path: Path) -> None:
     require_fuse()
-    code, report, out = _campaign(tmp_path, "--mode", "exhaustive", "--faults", "power-loss",
-                                  "--scenario", "writes", "--probe", "tool.dispatch.after",
-                                  "--probe", "callback.tool_complete.after")
+    code, report, out = _campaign(tmp_path, *AFTER_WRITES)
     assert code == 0 and report["ok"] is True, out[-4000:]
     killed = [r for r in report["results"] if r["fault"]]
     assert killed and all(r["power"]["cuts"] >= 1 and r["synchronous"] == "FULL" for r in killed), report["results"]
@@ -60,9 +61,7 @@ def test_full_keeps_every_commit_through_every_cut(tmp_path: Path) -> None:
 @pytest.mark.xdist_group("chaos")
 def test_normal_reports_its_lost_suffix_as_its_cost_and_nothing_else(tmp_path: Path) -> None:
     require_fuse()
-    code, report, out = _campaign(tmp_path, "--mode", "exhaustive", "--faults", "power-loss",
-                                  "--synchronous", "NORMAL", "--scenario", "writes",
-                                  "--probe", "tool.dispatch.after", "--probe", "callback.tool_complete.after")
+    code, report, out = _campaign(tmp_path, *AFTER_WRITES, "--synchronous", "NORMAL")
     assert code == 1 and report["ok"] is False, out[-4000:]
     assert report["violations"], out[-4000:]
     assert {(v["invariant"], v["class"]) for v in report["violations"]} == {(POWER_CUT_DURABILITY, DURABILITY_COST)}

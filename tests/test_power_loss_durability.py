@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fuseutil import require_fuse
+from fuseutil import lazy_mount, require_fuse
 
 from hermes.executor import maybe_persist_tool_result
 from hermes.private_files import create_private_file, make_private_dirs
@@ -36,10 +36,7 @@ class Mount:
     """A lazy file system over `backing`, and the power cut followed by the next boot's mount."""
 
     def __init__(self, root: Path) -> None:
-        self.backing, self.mnt = root / "backing", root / "mnt"
-        self.backing.mkdir()
-        self.mnt.mkdir()
-        self.fs = LazyFS(self.backing, self.mnt).start()
+        self.backing, self.mnt, self.fs = lazy_mount(root)
 
     def power_cut(self, *open_things: object) -> dict:
         """Cut the power, close what the code under test still holds, and mount again."""
