@@ -24,6 +24,7 @@ from typing import Any, Iterator
 from urllib.parse import unquote
 
 import pytest
+from fuseutil import require_fuse
 
 from hermes.probes import POINTS
 from supervisor.chaos.generator import case_file_stem
@@ -223,6 +224,30 @@ def test_a_failing_campaign_reads_in_chromium_in_two_clicks(tmp_path: Path) -> N
     assert [r["attrs"]["data-type"] for r in lazy.all("data-timeline-row", tag="tr")] == [e["type"] for e in events]
     for path in (report / "cases").glob("*.js"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+@needs_chromium
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_a_power_cut_shows_in_the_facts_and_in_its_case_timeline(tmp_path: Path) -> None:
+    """A power-cut campaign at NORMAL: the facts count the cuts, and a case's timeline has a row for
+    its cut saying what was dropped and which rows were lost."""
+    require_fuse()
+    report = tmp_path / "report"
+    done = supervisor("chaos", "--scenario", "single-tool", "--probe", "finalize.after", "--faults", "power-loss",
+                      "--synchronous", "NORMAL", "--report", str(report))
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    page = report / "report.html"
+    facts = Dom.text(dom_of(page).one("class", "facts"))
+    assert "power cuts" in facts and "at synchronous NORMAL" in facts, facts
+    assert "durability-cost 1" in facts, facts
+    (case,) = [r for r in json.loads((report / "report.json").read_text())["results"] if r["fault"]]
+    stem = case_file_stem(case["case"])
+    shown = dom_of(page, f"#case={stem}").all("data-timeline-row", tag="tr")
+    cuts = [r for r in shown if r["attrs"]["data-type"] == "power_cut"]
+    assert len(cuts) == 1, [r["attrs"]["data-type"] for r in shown]
+    text = Dom.text(cuts[0])
+    assert "POWER CUT" in text and "synchronous=NORMAL" in text and "lost row(s)" in text, text
 
 
 # ---------------------------------------------------------------------------- a 5,000-case campaign

@@ -146,9 +146,11 @@ class CaseRunner:
         self.target = TARGETS[config.target]
         self.dir = _claim_dir(root, case_file_stem(case.case_id))
         # Under power cuts the state lives on a lazy file system (supervisor.chaos.nemesis.powerloss).
-        if wants_power_cuts(config.faults) and lazyfs is None:
-            raise ValueError("--faults power-loss needs the campaign's lazy file system servers")
-        self._power = PowerCuts(self.dir, lazyfs) if lazyfs is not None and wants_power_cuts(config.faults) else None
+        self._power: PowerCuts | None = None
+        if wants_power_cuts(config.faults):
+            if lazyfs is None:
+                raise ValueError("--faults power-loss needs the campaign's lazy file system servers")
+            self._power = PowerCuts(self.dir, lazyfs)
         state = self._power.state if self._power is not None else self.dir
         self.db = state / "state.db"
         self.ledger = state / "effects.db"
@@ -644,8 +646,8 @@ _UNREAD = object()  # a snapshot's read of a turn state that failed: read it aga
 
 
 def power_counts(events: list[dict[str, Any]]) -> dict[str, int]:
-    """A case's power cuts: how many, how many dropped unsynced writes, the writes dropped (a torn
-    write's lost tail counts as one), the cuts that tore a write, the rows they lost. Empty without any."""
+    """A case's power cuts: how many, how many dropped unsynced writes (a torn write's lost tail
+    included), the writes dropped whole, the cuts that tore a write, the rows they lost. Empty without any."""
     cuts = [e for e in events if e["type"] == "power_cut"]
     if not cuts:
         return {}

@@ -137,6 +137,14 @@
                                           e.expect, "", "planned"];
         return ["storage " + e.fault + " " + e.phase, e.reason || "", "", ""];
       case "model_fault": return ["MODEL " + e.fault, "the next worker talks to " + e.url, "", "planned"];
+      case "power_cut":
+        var lost = Object.keys(e.lost_rows || {});
+        var files = (e.files || []).filter(function (f) { return f.dropped || (f.dropped_ranges || []).length; })
+          .map(function (f) { return f.path + " -" + f.dropped + "/" + f.writes; }).join(", ");
+        return ["POWER CUT " + e.mode, "synchronous=" + e.synchronous + "; " + e.dropped_writes +
+                " unsynced write(s) dropped" + (files ? " (" + files + ")" : "") + (e.torn ? "; one torn" : "") +
+                "; integrity " + (e.integrity === "ok" ? "ok" : JSON.stringify(e.integrity)),
+                lost.length ? "lost row(s) " + lost.join(", ") : "no row lost", "planned"];
       default: return [e.type, JSON.stringify(e).slice(0, 160), "", ""];
     }
   }
