@@ -101,7 +101,7 @@ def fill_or_append_answer(messages: list[dict[str, Any]], text: str, turn_id: st
 def scrub_text(text: str) -> str:
     """`text` as UTF-8 can carry it: surrogate halves paired up, a lone one replaced by U+FFFD.
 
-    The same rule the database applies when it stores text (README, "Content"), so the
+    The same rule the database applies when it stores text (docs/contract.md, "Content"), so the
     model is sent exactly what the transcript keeps, and a request never fails to encode.
     """
     if text.isascii():

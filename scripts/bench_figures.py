@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The README's bench figures, from stored bench output: the bench table, the performance targets, the long memory run.
+"""The bench figures of docs/performance.md, from stored bench output: the bench table, the performance targets, the long memory run.
 
     python scripts/bench_figures.py --print      # the blocks, rendered from the stores; touch nothing
-    python scripts/bench_figures.py --check      # exit 1 if README.md's blocks are not the stores'
+    python scripts/bench_figures.py --check      # exit 1 if docs/performance.md's blocks are not the stores'
 
 The stores (``docs/figures/``), each written by one command:
 
@@ -12,7 +12,7 @@ The stores (``docs/figures/``), each written by one command:
 * ``memory.json``: the long memory check (``python scripts/bench.py --long --only memory``), stored
   by ``python scripts/readme_figures.py --store-memory``.
 
-What they render into README.md, each block between its markers and nothing else:
+What they render into docs/performance.md, each block between its markers and nothing else:
 
 * the bench part of the ``<!-- figures:begin -->`` block in "Measured" (``bench_part``);
 * ``<!-- performance:begin -->`` ... ``<!-- performance:end -->`` in "Performance": the targets
@@ -21,7 +21,7 @@ What they render into README.md, each block between its markers and nothing else
   prose cannot disagree with the table it repeats;
 * ``<!-- memory:begin -->`` ... ``<!-- memory:end -->`` in "Measured": the long memory run.
 
-``tests/test_readme_figures.py`` renders every block from the stores and compares it with README.md.
+``tests/test_readme_figures.py`` renders every block from the stores and compares it with docs/performance.md.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "performance.md"  # the page that holds the blocks (linked from README.md)
 FIGURES = REPO / "docs" / "figures"
 BENCH_STORE = FIGURES / "bench.json"
 MEMORY_STORE = FIGURES / "memory.json"
@@ -137,17 +137,17 @@ def number(cell: str) -> float:
 
 
 def times(cell: str) -> str:
-    """A ratio as the README writes it: '36.60x' -> '36.60×'."""
+    """A ratio as the docs write it: '36.60x' -> '36.60×'."""
     return cell.removesuffix("x") + "×"
 
 
 def rate(cell: str) -> str:
-    """A rate as the README writes it: '107 /s' -> '107/s'."""
+    """A rate as the docs write it: '107 /s' -> '107/s'."""
     return cell.replace(" /s", "/s")
 
 
 def target(cell: str) -> str:
-    """A bench target as the README writes it: '>= 60/s, >= 0.50x' -> '≥ 60/s, ≥ 0.50×'."""
+    """A bench target as the docs write it: '>= 60/s, >= 0.50x' -> '≥ 60/s, ≥ 0.50×'."""
     text = cell.replace("<=", "≤").replace(">=", "≥")
     return re.sub(r"(\d)x\b", r"\1×", text)
 
@@ -203,7 +203,7 @@ def bench_runs(store: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def bench_part(store: dict[str, Any]) -> str:
-    """The bench part of the README's figures block: the newest stored run's table, verbatim."""
+    """The bench part of the figures block (docs/performance.md): the newest stored run's table, verbatim."""
     run = bench_runs(store)[0]
     return (f"Benchmarks (`{run['command']}`, run on {run['date']} and stored in `docs/figures/bench.json`; every "
             f"value is a timing on the machine that ran it):\n\n```text\n{run['output']}\n```")
@@ -223,7 +223,7 @@ def rss_ratio(memory: dict[str, Any]) -> float:
 
 
 def render_performance(store: dict[str, Any], memory: dict[str, Any], upstream: dict[str, Any]) -> str:
-    """The README's performance block: every figure from the stored bench tables (and the other stores)."""
+    """The performance block (docs/performance.md): every figure from the stored bench tables (and the other stores)."""
     runs = bench_runs(store)
     run, table = runs[0], parse_table(runs[0]["output"])
     previous = parse_table(runs[1]["output"]) if len(runs) > 1 else None
@@ -331,11 +331,11 @@ def render_memory(memory: dict[str, Any]) -> str:
         MEMORY_END])
 
 
-# ---------------------------------------------------------------------------- README blocks
+# ---------------------------------------------------------------------------- the page's blocks
 def read_marked(text: str, begin: str, end: str) -> str:
     start, stop = text.find(begin), text.find(end)
     if start < 0 or stop < start:
-        raise ValueError(f"README has no {begin} ... {end} block")
+        raise ValueError(f"the page has no {begin} ... {end} block")
     return text[start:stop + len(end)]
 
 
@@ -359,7 +359,7 @@ def with_blocks(text: str) -> str:
 
 
 def stale(text: str) -> list[str]:
-    """The begin markers of the blocks README text holds that differ from their stores."""
+    """The begin markers of the blocks the page's text holds that differ from their stores."""
     return [begin for begin, end, block in blocks() if read_marked(text, begin, end) != block]
 
 
@@ -367,14 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--print", action="store_true", help="print the blocks rendered from the stores")
-    action.add_argument("--check", action="store_true", help="exit 1 if README.md's blocks differ from the stores")
+    action.add_argument("--check", action="store_true", help="exit 1 if docs/performance.md's blocks differ from the stores")
     args = parser.parse_args(argv)
     if args.print:
         print("\n\n".join(block for _, _, block in blocks()))
         return 0
-    differ = stale(README.read_text(encoding="utf-8"))
-    print(f"README blocks differ from their stores: {', '.join(differ)}: run `python scripts/readme_figures.py "
-          "--stored`" if differ else "README's bench blocks match their stores")
+    differ = stale(PAGE.read_text(encoding="utf-8"))
+    print(f"docs/performance.md's blocks differ from their stores: {', '.join(differ)}: run `python scripts/readme_figures.py "
+          "--stored`" if differ else "docs/performance.md's bench blocks match their stores")
     return 1 if differ else 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's campaign-at-scale proof: run its shards, merge them, store their figures, render the block.
+"""The campaign-at-scale proof (docs/scale.md): run its shards, merge them, store their figures, render the block.
 
     python scripts/proof_figures.py run DIR [--shard I ...] [--runs N] [--jobs J] [--no-faults]
         # run the proof's shards one after another into DIR/shard-I (each with its --faults of the
@@ -7,9 +7,9 @@
     python scripts/proof_figures.py store DIR [--open-runs N] [--store PATH] [--no-readme]
         # merge DIR/shard-* into DIR/merged (timed), open the merged report.html in headless Chromium
         # when there is one (`python -m bench.report_open`), store the figures in
-        # docs/figures/proof.json and render README.md's block from it
+        # docs/figures/proof.json and render docs/scale.md's block from it
     python scripts/proof_figures.py print | check
-        # the block rendered from the store; check exits 1 if README.md's block differs
+        # the block rendered from the store; check exits 1 if docs/scale.md's block differs
 
 Everything the block shows comes from the shards' and the merged report.json (``cases``, ``kills``,
 ``no_kill``, ``reaimed``, ``violations``, ``unknown``, ``wall_seconds``, ``cycles_per_second``,
@@ -20,8 +20,8 @@ from the ``run`` step's RSS samples and from the merge's and the report's timing
 nemesis kills and other deaths apart. Reports without it counted every SIGKILL death in ``kills``:
 a store made from them says so (``"kill_count": "uncorrected"``) and so does the block.
 
-The block, between ``<!-- proof:begin -->`` and ``<!-- proof:end -->`` in README.md's "Campaigns at
-scale", holds the shard table, the merged totals and what a nightly of NIGHTLY_KILLS landed kills
+The block, between ``<!-- proof:begin -->`` and ``<!-- proof:end -->`` in docs/scale.md ("Campaigns
+at scale"), holds the shard table, the merged totals and what a nightly of NIGHTLY_KILLS landed kills
 costs, sized from them. ``scripts/readme_figures.py`` renders it too, and
 ``tests/test_readme_figures.py`` compares it with the store.
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "scale.md"  # the page that holds the block (linked from README.md)
 STORE = REPO / "docs" / "figures" / "proof.json"
 BEGIN, END = "<!-- proof:begin -->", "<!-- proof:end -->"
 CAMPAIGN_ID = "proof-20k"
@@ -331,7 +331,7 @@ def render(stored: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------- README
+# ---------------------------------------------------------------------------- the page's block
 def read_store(path: Path = STORE) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -344,7 +344,7 @@ def write_store(stored: dict[str, Any], path: Path = STORE) -> None:
 def read_block(text: str) -> str:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README has no {BEGIN} ... {END} block")
+        raise ValueError(f"the page has no {BEGIN} ... {END} block")
     return text[start:end + len(END)]
 
 
@@ -365,15 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--runs", type=int, default=RUNS, help=f"planned cases of the whole campaign (default {RUNS})")
     run.add_argument("--jobs", type=int, default=JOBS, help=f"each shard's --jobs (default {JOBS})")
     run.add_argument("--no-faults", action="store_true", help="no --faults on any shard (a smoke run of the steps)")
-    store = commands.add_parser("store", help="merge DIR's shards, store their figures, render README.md's block")
+    store = commands.add_parser("store", help="merge DIR's shards, store their figures, render docs/scale.md's block")
     store.add_argument("directory", type=Path)
     store.add_argument("--open-runs", type=int, default=3, help="samples of the merged report's open time (0: skip)")
     store.add_argument("--store", type=Path, default=STORE, help="where to store the figures")
-    store.add_argument("--no-readme", action="store_true", help="do not rewrite README.md's block")
+    store.add_argument("--no-readme", action="store_true", help="do not rewrite docs/scale.md's block")
     store.add_argument("--note", default=None,
                        help="one paragraph saying how this run differed from the commands (shown above the table)")
     commands.add_parser("print", help="print the block rendered from the store")
-    commands.add_parser("check", help="exit 1 if README.md's block differs from the store")
+    commands.add_parser("check", help="exit 1 if docs/scale.md's block differs from the store")
     args = parser.parse_args(argv)
     if args.command == "run":
         args.directory.mkdir(parents=True, exist_ok=True)
@@ -390,16 +390,16 @@ def main(argv: list[str] | None = None) -> int:
         write_store(stored, args.store)
         rendered = render(stored)
         if not args.no_readme and args.store == STORE:
-            README.write_text(README.read_text(encoding="utf-8").replace(
-                read_block(README.read_text(encoding="utf-8")), rendered, 1), encoding="utf-8")
+            PAGE.write_text(PAGE.read_text(encoding="utf-8").replace(
+                read_block(PAGE.read_text(encoding="utf-8")), rendered, 1), encoding="utf-8")
         print(rendered)
         return 0
     if args.command == "print":
         print(block())
         return 0
-    same = read_block(README.read_text(encoding="utf-8")) == block()
-    print("README's proof block matches docs/figures/proof.json" if same else
-          "README's proof block differs from docs/figures/proof.json: run `python scripts/readme_figures.py --stored`")
+    same = read_block(PAGE.read_text(encoding="utf-8")) == block()
+    print("docs/scale.md's proof block matches docs/figures/proof.json" if same else
+          "docs/scale.md's proof block differs from docs/figures/proof.json: run `python scripts/readme_figures.py --stored`")
     return 0 if same else 1
 
 

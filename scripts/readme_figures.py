@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Measure the README's figures and rewrite its marked block.
+"""Measure the figures the docs show and rewrite their marked blocks.
 
-    python scripts/readme_figures.py            # run, store the bench's output, rewrite every block in README.md
+README.md links to the pages that hold the blocks: docs/performance.md (figures, performance,
+memory), docs/targets.md (upstream, targets) and docs/scale.md (proof).
+
+    python scripts/readme_figures.py            # run, store the bench's output, rewrite every block in its page
     python scripts/readme_figures.py --print    # run, print the block, touch nothing
-    python scripts/readme_figures.py --check    # run, exit 1 if README.md's blocks differ
+    python scripts/readme_figures.py --check    # run, exit 1 if a page's blocks differ
     ... --no-bench                               # do not run the bench: its part comes from the stored run
-    python scripts/readme_figures.py --stored   # run nothing: render every stored block into README.md
+    python scripts/readme_figures.py --stored   # run nothing: render every stored block into its page
     python scripts/readme_figures.py --check --stored   # run nothing: exit 1 if a stored block differs
     python scripts/readme_figures.py --store-memory     # run the long memory check, store it, render
     python scripts/readme_figures.py --store-upstream   # run the campaigns against both targets
@@ -14,7 +17,7 @@
 
 Upstream figures: the campaigns against upstream hermes-agent take many minutes, so they are
 run on demand (``--store-upstream``) and their condensed reports stored in
-``docs/figures/upstream.json``. Every run of this script renders the README's upstream block
+``docs/figures/upstream.json``. Every run of this script renders the upstream block of docs/targets.md
 (between ``<!-- upstream:begin -->`` and ``<!-- upstream:end -->``) from that stored file, and
 ``--check`` (and ``tests/test_readme_figures.py``) compare it exactly.
 
@@ -24,7 +27,7 @@ Stored figures (rendered the same way, compared exactly): the full bench's table
 campaign-at-scale proof (``scripts/proof_figures.py``, ``docs/figures/proof.json``:
 ``<!-- proof:begin -->``) and the targets table (``scripts/target_figures.py``).
 
-The block sits between ``<!-- figures:begin -->`` and ``<!-- figures:end -->`` in README.md.
+The block sits between ``<!-- figures:begin -->`` and ``<!-- figures:end -->`` in docs/performance.md.
 It holds two parts:
 
 * chaos figures from the quick variant of the exhaustive campaign (two scenarios, run as
@@ -36,7 +39,7 @@ It holds two parts:
   stored run (``docs/figures/bench.json``, with the date it ran), which a run of this script
   without ``--no-bench`` or ``--stored`` replaces.
 
-The full bench also redraws the README's charts (``docs/figures/flush-vs-rows.svg`` and
+The full bench also redraws the charts of docs/performance.md (``docs/figures/flush-vs-rows.svg`` and
 ``docs/figures/recovery-latency.svg``, next to the block) when matplotlib is installed (the
 ``bench`` extra); its line saying where they went, or why not, is passed on to stderr.
 
@@ -64,10 +67,11 @@ if str(REPO) not in sys.path:
 sys.path.append(str(Path(__file__).resolve().parent))  # last: `bench` stays the package, not scripts/bench.py
 import bench_figures  # noqa: E402  (the bench's stored table, the performance targets, the long memory run)
 import proof_figures  # noqa: E402  (the campaign-at-scale proof: its own store)
-import target_figures  # noqa: E402  (the targets table: its own store, rendered into the same README)
+import target_figures  # noqa: E402  (the targets table: its own store, rendered into docs/targets.md)
 from target_figures import condense  # noqa: E402
 
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "performance.md"  # the figures block (bench_figures.PAGE holds the bench's blocks)
+UPSTREAM_PAGE = REPO / "docs" / "targets.md"  # the upstream block (target_figures.PAGE holds the targets block)
 BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
 BENCH_MARK = "<!-- figures:bench -->"
 SCENARIOS = ("single-tool", "writes")
@@ -75,7 +79,7 @@ JOBS = 2
 CHAOS_ARGS = ("chaos", "--mode", "exhaustive", *[a for s in SCENARIOS for a in ("--scenario", s)],
               "--jobs", str(JOBS))
 BENCH_SCRIPT = REPO / "scripts" / "bench.py"
-BENCH_ARGS: tuple[str, ...] = ()  # the full bench: the README shows measurements, not smoke sizes
+BENCH_ARGS: tuple[str, ...] = ()  # the full bench: the docs show measurements, not smoke sizes
 BENCH_COMMAND = " ".join(("python scripts/bench.py", *BENCH_ARGS))
 MEMORY_ARGS = ("--long", "--only", "memory", "--no-charts")
 CAMPAIGN_TIMEOUT_S = 600.0
@@ -154,7 +158,7 @@ def run_bench() -> bool:
 
 
 def bench_part() -> str:
-    """The bench table as the README shows it: the stored run's, verbatim, with its command and date."""
+    """The bench table as the docs show it: the stored run's, verbatim, with its command and date."""
     if not bench_figures.BENCH_STORE.exists():
         return BENCH_ABSENT
     return bench_figures.bench_part(bench_figures.read_json(bench_figures.BENCH_STORE))
@@ -202,10 +206,10 @@ def render(chaos: dict[str, Any], bench: str) -> str:
 
 
 def read_block(text: str) -> str:
-    """The marked block of a README text, markers included (ValueError if it has none)."""
+    """The marked block of a page's text, markers included (ValueError if it has none)."""
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README has no {BEGIN} ... {END} block")
+        raise ValueError(f"the page has no {BEGIN} ... {END} block")
     return text[start:end + len(END)]
 
 
@@ -308,7 +312,7 @@ def _points_table(title: str, upstream: dict[str, Any], ours: dict[str, Any]) ->
 
 
 def render_upstream(stored: dict[str, Any]) -> str:
-    """The README's upstream block, from the stored campaigns alone."""
+    """The upstream block (docs/targets.md), from the stored campaigns alone."""
     runs = stored["campaigns"]
     version = stored["hermes_agent"]
     lines = [UPSTREAM_BEGIN, "<!-- generated by scripts/readme_figures.py from docs/figures/upstream.json: "
@@ -351,7 +355,7 @@ def render_upstream(stored: dict[str, Any]) -> str:
 def read_upstream_block(text: str) -> str:
     start, end = text.find(UPSTREAM_BEGIN), text.find(UPSTREAM_END)
     if start < 0 or end < start:
-        raise ValueError(f"README has no {UPSTREAM_BEGIN} ... {UPSTREAM_END} block")
+        raise ValueError(f"the page has no {UPSTREAM_BEGIN} ... {UPSTREAM_END} block")
     return text[start:end + len(UPSTREAM_END)]
 
 
@@ -359,33 +363,57 @@ def upstream_block() -> str:
     return render_upstream(json.loads(UPSTREAM_STORE.read_text(encoding="utf-8")))
 
 
+def _read(page: Path) -> str:
+    return page.read_text(encoding="utf-8")
+
+
 def stored_blocks() -> list[tuple[str, str, str]]:
-    """(name, the block as README.md holds it, the block rendered from its store) of every stored block."""
-    text = README.read_text(encoding="utf-8")
-    figures = read_block(text)
-    return [("upstream (docs/figures/upstream.json)", read_upstream_block(text), upstream_block()),
-            ("targets (docs/figures/targets.json)", target_figures.read_block(text), target_figures.block()),
+    """(name, the block as its page holds it, the block rendered from its store) of every stored block."""
+    figures = read_block(_read(PAGE))
+    bench_page = _read(bench_figures.PAGE)
+    return [("upstream (docs/figures/upstream.json)", read_upstream_block(_read(UPSTREAM_PAGE)), upstream_block()),
+            ("targets (docs/figures/targets.json)", target_figures.read_block(_read(target_figures.PAGE)),
+             target_figures.block()),
             ("bench part (docs/figures/bench.json)", figures, with_bench_part(figures, bench_part())),
-            *[(f"{begin} (docs/figures/bench.json, memory.json)", bench_figures.read_marked(text, begin, end), block)
-              for begin, end, block in bench_figures.blocks()],
-            ("proof (docs/figures/proof.json)", proof_figures.read_block(text), proof_figures.block())]
+            *[(f"{begin} (docs/figures/bench.json, memory.json)", bench_figures.read_marked(bench_page, begin, end),
+               block) for begin, end, block in bench_figures.blocks()],
+            ("proof (docs/figures/proof.json)", proof_figures.read_block(_read(proof_figures.PAGE)),
+             proof_figures.block())]
 
 
-def with_stored_blocks(text: str) -> str:
-    """`text` with every stored block (upstream, targets, the bench part, performance, memory, proof)
-    rendered from its store."""
-    text = text.replace(read_upstream_block(text), upstream_block(), 1)
-    text = text.replace(target_figures.read_block(text), target_figures.block(), 1)
-    text = text.replace(read_block(text), with_bench_part(read_block(text), bench_part()), 1)
-    text = bench_figures.with_blocks(text)
-    return proof_figures.with_block(text)
+def _stored_steps() -> list[tuple[Path, Any]]:
+    """(page, a function rendering one of its stored blocks into its text) for every stored block."""
+    return [(UPSTREAM_PAGE, lambda text: text.replace(read_upstream_block(text), upstream_block(), 1)),
+            (target_figures.PAGE, lambda text: text.replace(target_figures.read_block(text), target_figures.block(), 1)),
+            (PAGE, lambda text: text.replace(read_block(text), with_bench_part(read_block(text), bench_part()), 1)),
+            (bench_figures.PAGE, bench_figures.with_blocks),
+            (proof_figures.PAGE, proof_figures.with_block)]
+
+
+def with_stored_blocks(page: Path, text: str) -> str:
+    """`text`, the text of `page`, with every stored block that page holds (upstream, targets, the bench
+    part, performance, memory, proof) rendered from its store."""
+    for owner, step in _stored_steps():
+        if owner == page:
+            text = step(text)
+    return text
+
+
+def write_stored_blocks() -> None:
+    """Render every stored block into its page, each page read just before it is written (an edit
+    made meanwhile, say during a long run, is kept)."""
+    for page in dict.fromkeys(owner for owner, _ in _stored_steps()):
+        text = _read(page)
+        rendered = with_stored_blocks(page, text)
+        if rendered != text:
+            page.write_text(rendered, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--print", action="store_true", help="print the block, do not touch README.md")
-    action.add_argument("--check", action="store_true", help="exit 1 if README.md's block differs from a fresh run")
+    action.add_argument("--print", action="store_true", help="print the block, do not touch any page")
+    action.add_argument("--check", action="store_true", help="exit 1 if docs/performance.md's block differs from a fresh run")
     parser.add_argument("--no-bench", action="store_true", help="do not run the bench: render its stored run")
     parser.add_argument("--stored", action="store_true",
                         help="run nothing: render (or with --check, compare) only the blocks kept in docs/figures")
@@ -397,29 +425,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.store_upstream is not None:
         store_upstream(args.store_upstream)
-        # Read after the long runs: an edit made meanwhile must not be lost.
-        README.write_text(with_stored_blocks(README.read_text(encoding="utf-8")), encoding="utf-8")
+        write_stored_blocks()  # read after the long runs: an edit made meanwhile must not be lost
         return 0
     if args.store_memory:
         store_memory()
-        README.write_text(with_stored_blocks(README.read_text(encoding="utf-8")), encoding="utf-8")
+        write_stored_blocks()
         return 0
     if args.check:
         differ = [name for name, current, rendered in stored_blocks() if current != rendered]
         if differ:
-            print(f"README's stored blocks differ from their stores: {'; '.join(differ)}: "
+            print(f"stored blocks differ from their stores: {'; '.join(differ)}: "
                   "run `python scripts/readme_figures.py --stored`")
             return 1
         if args.stored:
-            print("README's stored blocks match their stores")
+            print("every stored block matches its store")
             return 0
     if args.stored:
         if args.print:
             print("\n\n".join(rendered for _, _, rendered in stored_blocks()))
         else:
-            README.write_text(with_stored_blocks(README.read_text(encoding="utf-8")), encoding="utf-8")
+            write_stored_blocks()
         return 0
-    text = with_stored_blocks(README.read_text(encoding="utf-8"))
+    text = with_stored_blocks(PAGE, _read(PAGE))
     chaos = chaos_figures()
     if chaos["violations"] or chaos["unfired"]:
         print(f"warning: the campaign did not pass (exit {chaos['exit']})", file=sys.stderr)
@@ -432,10 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current_chaos, current_bench = split_block(read_block(text))
         same = normalize(current_chaos) == normalize(split_block(block)[0]) and current_bench == bench_part()
-        print("README figures are current" if same else f"README figures differ from a fresh run:\n{block}")
+        print("the figures are current" if same else f"the figures differ from a fresh run:\n{block}")
         return 0 if same else 1
     # Read again: the bench takes minutes, and an edit made meanwhile must not be lost.
-    README.write_text(replace_block(with_stored_blocks(README.read_text(encoding="utf-8")), block), encoding="utf-8")
+    write_stored_blocks()
+    PAGE.write_text(replace_block(_read(PAGE), block), encoding="utf-8")
     print(block)
     return 0
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The README's side-by-side table of every target: the same campaign against each system under test.
+"""The side-by-side table (docs/targets.md) of every target: the same campaign against each system under test.
 
     python scripts/target_figures.py --store                 # run every row this interpreter can, store them
     python scripts/target_figures.py --store openai-agents --python PATH   # one row, with another interpreter
     python scripts/target_figures.py --store langgraph-sync --runs 5       # one row, five runs of its command
-    python scripts/target_figures.py --check                 # exit 1 if README.md's block is not the store's
+    python scripts/target_figures.py --check                 # exit 1 if docs/targets.md's block is not the store's
 
 Each row is `hermes-supervisor chaos --mode exhaustive --scenario single-tool --scenario writes
 --jobs 2 --target T` (LangGraph once per durability mode), run `--runs` times (default 3): some
@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run as a file: the labels come from this checkout's targets
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "targets.md"  # the page that holds the block (linked from README.md)
 STORE = REPO / "docs" / "figures" / "targets.json"
 BEGIN, END = "<!-- targets:begin -->", "<!-- targets:end -->"
 SCENARIOS = ("single-tool", "writes")
@@ -95,7 +95,7 @@ def command(row: Row) -> list[str]:
 
 # ---------------------------------------------------------------------------- condensing a report
 def condense(report: dict[str, Any], wall: float | None) -> dict[str, Any]:
-    """What the README shows of one campaign report: its counts, the wall time it took.
+    """What the docs show of one campaign report: its counts, the wall time it took.
 
     (scripts/readme_figures.py condenses the upstream campaigns with it too: keep its keys.)"""
     by_invariant: dict[str, dict[str, list[int]]] = {}
@@ -156,7 +156,7 @@ def _available(python: str, target: str) -> bool:
 def run_once(row: Row, python: str) -> dict[str, Any]:
     """One campaign of `row`, condensed, with its date and the 1-minute load as it began and ended."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from readme_figures import _run  # the same child handling as the README's other figures
+    from readme_figures import _run  # the same child handling as the other figures
 
     with tempfile.TemporaryDirectory(prefix="target-figures-") as tmp:
         argv = command(row) + ["--report", tmp]
@@ -293,7 +293,7 @@ def _summary_row(row: Row, entry: dict[str, Any] | None) -> str:
 
 
 def render(stored: dict[str, Any]) -> str:
-    """The README's targets block, from the stored rows alone (rows never stored say so)."""
+    """The targets block (docs/targets.md), from the stored rows alone (rows never stored say so)."""
     rows = stored["rows"]
     stored_rows = [r for r in ROWS if r.key in rows]
     varied = [r.label for r in stored_rows if _varies(r, runs_of(rows[r.key]))]
@@ -386,7 +386,7 @@ def _notes(stored_rows: list[Row], rows: dict[str, Any]) -> list[str]:
 def read_block(text: str) -> str:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README has no {BEGIN} ... {END} block")
+        raise ValueError(f"the page has no {BEGIN} ... {END} block")
     return text[start:end + len(END)]
 
 
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     action.add_argument("--store", nargs="*", metavar="ROW", default=None,
                         help=f"run and store these rows ({', '.join(r.key for r in ROWS)}); none: every row the "
                              "interpreter can run")
-    action.add_argument("--check", action="store_true", help="exit 1 if README.md's block is not the store's")
+    action.add_argument("--check", action="store_true", help="exit 1 if docs/targets.md's block is not the store's")
     parser.add_argument("--python", default=sys.executable, help="the interpreter that runs the campaigns")
     parser.add_argument("--runs", type=int, default=RUNS, help=f"runs of each row's command (default {RUNS})")
     args = parser.parse_args(argv)
@@ -410,15 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         parser.error("--runs takes a positive count")
     if args.check:
-        same = read_block(README.read_text(encoding="utf-8")) == block()
-        print("README's targets block is current" if same else
-              "README's targets block differs from docs/figures/targets.json: run `python scripts/target_figures.py`")
+        same = read_block(PAGE.read_text(encoding="utf-8")) == block()
+        print("docs/targets.md's targets block is current" if same else
+              "docs/targets.md's targets block differs from docs/figures/targets.json: run `python scripts/target_figures.py`")
         return 0 if same else 1
     if args.store is not None:
         store_rows(list(args.store), args.python, args.runs)
     # Read after the long runs: an edit made meanwhile must not be lost.
-    text = README.read_text(encoding="utf-8")
-    README.write_text(text.replace(read_block(text), block(), 1), encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
+    PAGE.write_text(text.replace(read_block(text), block(), 1), encoding="utf-8")
     return 0
 
 

@@ -62,7 +62,7 @@ class Promises:
     contract: str = ""
 
 
-OUR_CONTRACT = "this project's README, The durability contract (each invariant: The verdict)"
+OUR_CONTRACT = "this project's docs/contract.md, The durability contract (each invariant: docs/chaos.md, The verdict)"
 FULL_PROMISES = Promises(contract=OUR_CONTRACT)
 
 # The documents the other targets' labels rest on (facts from them, in our words).

@@ -17,8 +17,8 @@ campaign just the same. The same campaign without the defect must pass, so each
 violation is the defect's doing and not the campaign's; defects sharing a campaign share
 that control, which runs once.
 
-Every invariant of the checker catches at least one defect here, and the README's mutant
-table lists exactly these defects. Nothing here can skip: a defect that cannot be planted (no
+Every invariant of the checker catches at least one defect here, and the mutant table of
+docs/chaos.md (linked from README.md) lists exactly these defects. Nothing here can skip: a defect that cannot be planted (no
 such directory or module), or that names an invariant, a fault or a probe this checkout does
 not have, fails, and so does the proof that every invariant has a mutant.
 
@@ -50,10 +50,10 @@ pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 
 REPO = Path(__file__).resolve().parents[1]
 DEFECTS = Path(__file__).resolve().parent / "defects"
-README = REPO / "README.md"
+README = REPO / "docs" / "chaos.md"  # the page of the mutant table (README.md links to it)
 CAMPAIGN_TIMEOUT_S = 120.0  # a campaign here takes 2-10 s; this only bounds a hang
 EXIT_OK, EXIT_VIOLATIONS = 0, 1
-README_SECTION = "### Mutants: every invariant can fail"
+README_SECTION = "## Mutants: every invariant can fail"
 
 
 @dataclass(frozen=True)
@@ -474,9 +474,9 @@ def test_every_invariant_has_a_mutant() -> None:
 
 
 def _readme_mutant_rows() -> dict[str, list[str]]:
-    """The rows of the README's mutant table: first cell's `id` -> the row's cells."""
+    """The rows of the mutant table (docs/chaos.md): first cell's `id` -> the row's cells."""
     text = README.read_text(encoding="utf-8")
-    assert README_SECTION in text, f"README.md has no {README_SECTION!r} section"
+    assert README_SECTION in text, f"{README.relative_to(REPO)} has no {README_SECTION!r} section"
     section = text.split(README_SECTION, 1)[1].split("\n#", 1)[0]
     rows: dict[str, list[str]] = {}
     for line in section.splitlines():
@@ -489,14 +489,14 @@ def _readme_mutant_rows() -> dict[str, list[str]]:
 
 
 def test_readme_lists_exactly_the_mutants() -> None:
-    """The README's mutant table and DEFECT_CASES name the same mutants, each with its
+    """The docs' mutant table and DEFECT_CASES name the same mutants, each with its
     invariants and its campaign arguments."""
     rows = _readme_mutant_rows()
     cases = {p.id: p.values[0] for p in DEFECT_CASES}
-    assert sorted(rows) == sorted(cases), (f"only in README: {sorted(set(rows) - set(cases))}; "
+    assert sorted(rows) == sorted(cases), (f"only in docs/chaos.md: {sorted(set(rows) - set(cases))}; "
                                            f"only in DEFECT_CASES: {sorted(set(cases) - set(rows))}")
     for case_id, defect in cases.items():
         row = " | ".join(rows[case_id])
         for invariant in defect.invariants:
-            assert f"`{invariant}`" in row, f"README row {case_id} does not name {invariant}"
-        assert " ".join(defect.campaign) in row, f"README row {case_id} does not give `{' '.join(defect.campaign)}`"
+            assert f"`{invariant}`" in row, f"docs/chaos.md row {case_id} does not name {invariant}"
+        assert " ".join(defect.campaign) in row, f"docs/chaos.md row {case_id} does not give `{' '.join(defect.campaign)}`"

@@ -351,6 +351,32 @@ def test_a_5000_case_report_paginates_and_opens_any_case_in_chromium(big_report:
     assert "</script><b>hi</b>" in Dom.text(timeline.one("id", "timeline"))  # shown as text, not markup
 
 
+SCROLL_PROBE = """<script>
+window.addEventListener("load", function () { setTimeout(function () {
+  var top = document.getElementById("panel").getBoundingClientRect().top;
+  document.body.setAttribute("data-scroll-probe", JSON.stringify({y: window.scrollY, top: top,
+    max: document.documentElement.scrollHeight - window.innerHeight}));
+}, 200); });
+</script>"""
+
+
+@needs_chromium
+def test_a_case_link_scrolls_to_its_case_on_first_load(big_report: Path) -> None:
+    """Opening report.html#case=STEM (a link someone sent) shows the case scrolled into view, as a click does."""
+    page = big_report / "report.html"
+    stem = Dom(page.read_text(encoding="utf-8")).all("data-cell", tag="td")[0]["attrs"]
+    listed = dom_of(page, f"#cell={stem['data-point']}&scenario={stem['data-scenario']}")
+    case = listed.all("data-case-row", tag="tr")[0]["attrs"]["data-case-row"]
+    probe = big_report / "scroll-probe.html"  # next to cases/, which the case's script loads from
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", SCROLL_PROBE + "</body>", 1), encoding="utf-8")
+    dom = Dom(browse(probe.as_uri() + f"#case={case}", "--dump-dom", "--window-size=1280,400",
+                     "--virtual-time-budget=5000").stdout)
+    assert dom.one("id", "timeline")["attrs"]["data-case"] == case
+    seen = json.loads(dom.one("data-scroll-probe")["attrs"]["data-scroll-probe"])
+    assert seen["y"] > 0, f"the page did not scroll to the case: {seen}"
+    assert abs(seen["top"]) <= 2 or seen["y"] >= seen["max"] - 1, f"the case is not at the top of the view: {seen}"
+
+
 # ---------------------------------------------------------------------------- units
 def test_slim_case_compacts_probes_and_keeps_failing_rows_whole() -> None:
     good, bad = _synthetic_case(0), _synthetic_case(3)

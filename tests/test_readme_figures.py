@@ -1,9 +1,9 @@
-"""The README's measured figures are what scripts/readme_figures.py measures today.
+"""The measured figures of the docs README.md links to are what scripts/readme_figures.py measures today.
 
 The chaos counts (cases, kills injected, kill points covered, violations, planned kills
 that never fired) must equal a fresh run's exactly; timings (`~`-marked values) must be
 there with the same shape; the bench part must be the stored bench run (docs/figures/bench.json),
-rendered. The other stored blocks: here (upstream, targets) and in tests/test_readme_stored_figures.py.
+rendered. The block is in docs/performance.md. The other stored blocks: here (upstream, targets) and in tests/test_readme_stored_figures.py.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ figures = _load()
 
 
 def _readme_block() -> str:
-    return figures.read_block((REPO / "README.md").read_text(encoding="utf-8"))
+    return figures.read_block(figures.PAGE.read_text(encoding="utf-8"))
 
 
 @pytest.mark.chaos
@@ -44,15 +44,15 @@ def test_the_readme_figures_match_a_fresh_quick_run(tmp_path: Path) -> None:
     # Every timing is present, with its shape, in both; everything else is compared exactly.
     assert len(figures.TIMING.findall(current_chaos)) == len(figures.TIMING.findall(fresh_chaos)) == 2
     assert figures.normalize(current_chaos) == figures.normalize(fresh_chaos), (
-        "README.md's figures are stale: run `python scripts/readme_figures.py` and commit the block")
+        "docs/performance.md's figures are stale: run `python scripts/readme_figures.py` and commit the block")
     assert current_bench == figures.bench_part(), (
-        "README.md's bench part is not the stored bench run: run `python scripts/readme_figures.py --stored`")
+        "docs/performance.md's bench part is not the stored bench run: run `python scripts/readme_figures.py --stored`")
     # The campaign this ran also wrote the HTML report a person would open.
     assert (tmp_path / "report" / "report.html").is_file()
 
 
 def test_the_block_sits_in_the_measured_section() -> None:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = figures.PAGE.read_text(encoding="utf-8")
     assert text.count(figures.BEGIN) == text.count(figures.END) == 1
     section = text[text.index("\n## Measured\n"):]
     assert figures.BEGIN in section and not re.search(r"\n## ", section[1:section.index(figures.BEGIN)])
@@ -87,21 +87,21 @@ def test_rewriting_touches_only_the_block() -> None:
 def test_the_bench_part_is_the_stored_run_with_its_command_and_date() -> None:
     _, current = figures.split_block(_readme_block())
     assert current == figures.bench_part(), (
-        "README.md's bench part differs from docs/figures/bench.json: run `python scripts/readme_figures.py --stored`")
+        "docs/performance.md's bench part differs from docs/figures/bench.json: run `python scripts/readme_figures.py --stored`")
     stored = figures.bench_figures.read_json(figures.bench_figures.BENCH_STORE)["runs"][0]
     assert f"`{stored['command']}`, run on {stored['date']}" in current and stored["output"] in current
     # A changed stored value is a changed block: the check is exact, not by shape.
     changed = {"runs": [dict(stored, output=stored["output"].replace(" us ", " ms ", 1))]}
     assert figures.bench_figures.bench_part(changed) != current
-    block = figures.read_block((REPO / "README.md").read_text(encoding="utf-8"))
+    block = figures.read_block(figures.PAGE.read_text(encoding="utf-8"))
     assert figures.with_bench_part(block, figures.bench_part()) == block
 
 
 def test_the_upstream_block_is_generated_from_the_stored_campaigns() -> None:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = figures.UPSTREAM_PAGE.read_text(encoding="utf-8")
     assert text.count(figures.UPSTREAM_BEGIN) == text.count(figures.UPSTREAM_END) == 1
     assert figures.read_upstream_block(text) == figures.upstream_block(), (
-        "README.md's upstream block differs from docs/figures/upstream.json: run `python scripts/readme_figures.py`")
+        "docs/targets.md's upstream block differs from docs/figures/upstream.json: run `python scripts/readme_figures.py`")
 
 
 def test_a_changed_upstream_count_changes_the_upstream_block() -> None:
@@ -123,10 +123,10 @@ def test_a_changed_upstream_count_changes_the_upstream_block() -> None:
 
 def test_the_targets_block_is_generated_from_the_stored_campaigns() -> None:
     targets = figures.target_figures
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = targets.PAGE.read_text(encoding="utf-8")
     assert text.count(targets.BEGIN) == text.count(targets.END) == 1
     assert targets.read_block(text) == targets.block(), (
-        "README.md's targets block differs from docs/figures/targets.json: run `python scripts/target_figures.py`")
+        "docs/targets.md's targets block differs from docs/figures/targets.json: run `python scripts/target_figures.py`")
 
 
 def test_every_stored_target_row_shows_its_counts_and_its_command() -> None:

@@ -1,9 +1,10 @@
-"""The README's stored figures: each block is its store rendered, a changed stored figure changes its
-block, and no figure of the prose disagrees with the table it repeats.
+"""The stored figures of the docs README.md links to: each block is its store rendered, a changed stored
+figure changes its block, and no figure of the prose disagrees with the table it repeats.
 
 The stores live in docs/figures/ (bench.json, memory.json, proof.json, upstream.json); the renderers
 are scripts/bench_figures.py and scripts/proof_figures.py, wired into scripts/readme_figures.py. The
-consistency tests read README.md alone: a hand edit of either side of a repeated figure fails them.
+consistency tests read the pages alone (docs/performance.md, targets.md, scale.md, chaos.md,
+with README.md): a hand edit of either side of a repeated figure fails them.
 """
 from __future__ import annotations
 
@@ -38,16 +39,26 @@ def _load() -> ModuleType:
 figures = _load()
 bench_figures = figures.bench_figures
 proof_figures = figures.proof_figures
-README = REPO / "README.md"
+# The pages that hold the blocks and the prose around them (README.md links to each).
+PAGES = {"performance": bench_figures.PAGE, "targets": figures.UPSTREAM_PAGE, "scale": proof_figures.PAGE,
+         "chaos": REPO / "docs" / "chaos.md"}
+assert figures.PAGE == bench_figures.PAGE and figures.target_figures.PAGE == figures.UPSTREAM_PAGE
+
+
+def _page(name: str) -> str:
+    return PAGES[name].read_text(encoding="utf-8")
 
 
 def _readme() -> str:
-    return README.read_text(encoding="utf-8")
+    """README.md and every page of docs/ as one text: a figure repeated anywhere is checked with its table."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return "\n\n".join(page.read_text(encoding="utf-8") for page in pages)
 
 
 def _section(text: str, heading: str) -> str:
     """The text of a section, from its heading to the next heading of the same or a higher level."""
     level = heading.split(" ", 1)[0]
+    text = "\n" + text  # a page's title is its first line
     start = text.index(f"\n{heading}\n") + 1
     stop = re.search(rf"\n#{{1,{len(level)}}} ", text[start + len(heading):])
     return text[start:start + len(heading) + stop.start()] if stop else text[start:]
@@ -70,17 +81,18 @@ MY_BLOCKS = ("bench part", "<!-- performance:begin -->", "<!-- memory:begin -->"
 @pytest.mark.parametrize("name", MY_BLOCKS)
 def test_each_stored_block_is_its_store_rendered(name: str) -> None:
     (current, rendered), = [(c, r) for n, c, r in figures.stored_blocks() if n.startswith(name)]
-    assert current == rendered, (f"README.md's {name} block differs from its store in docs/figures: "
+    assert current == rendered, (f"the {name} block differs from its store in docs/figures: "
                                  "run `python scripts/readme_figures.py --stored`")
 
 
-@pytest.mark.parametrize("begin, end, heading", [
-    (bench_figures.PERFORMANCE_BEGIN, bench_figures.PERFORMANCE_END, "### Performance"),
-    (bench_figures.MEMORY_BEGIN, bench_figures.MEMORY_END, "## Measured"),
-    (proof_figures.BEGIN, proof_figures.END, "### Campaigns at scale"),
+@pytest.mark.parametrize("begin, end, page, heading", [
+    (bench_figures.PERFORMANCE_BEGIN, bench_figures.PERFORMANCE_END, "performance", "## What a case costs"),
+    (bench_figures.MEMORY_BEGIN, bench_figures.MEMORY_END, "performance", "## Measured"),
+    (proof_figures.BEGIN, proof_figures.END, "scale", "# Campaigns at scale"),
 ])
-def test_each_block_sits_once_in_its_section(begin: str, end: str, heading: str) -> None:
-    text = _readme()
+def test_each_block_sits_once_in_its_section(begin: str, end: str, page: str, heading: str) -> None:
+    assert _readme().count(begin) == _readme().count(end) == 1, "each block is in one page only"
+    text = _page(page)
     assert text.count(begin) == text.count(end) == 1
     assert begin in _section(text, heading) and end in _section(text, heading)
 
@@ -325,7 +337,7 @@ def test_the_upstream_prose_repeats_the_upstream_table() -> None:
     upstream_cells = [c.strip() for c in double.group(1).split(" / ")]
     ours_cells = [c.strip() for c in double.group(2).split(" / ")]
     cases, wall = _num(upstream_cells[0]), _num(upstream_cells[4].removesuffix(" s"))
-    section = _section(text, "### Upstream Hermes as the target").replace(block, "")
+    section = _section(_page("targets"), "## Upstream Hermes as the target").replace(block, "")
     assert _num(_one(r"([\d,]+) cases on upstream", section).group(1)) == cases
     assert _num(_one(r"against ([\d,]+) on ours", section).group(1)) == _num(ours_cells[0])
     rate = _one(r"upstream once \(([\d.]+) cases/s\)", section).group(1)
@@ -382,7 +394,7 @@ def test_the_proof_prose_repeats_the_proof_table() -> None:
 
 
 def test_the_log_measurement_adds_up() -> None:
-    logs = _section(_readme(), "### Logs").replace("\n", " ")
+    logs = _section(_page("chaos"), "## Logs").replace("\n", " ")
     m = _one(r"(\d+) wedges in (\d+) kills", logs)
     other = _one(r"after the other (\d+) kills", logs)
     assert int(other.group(1)) == int(m.group(2)) - int(m.group(1))
@@ -393,11 +405,12 @@ MEASURED = re.compile(r"(?<![\w.@%-])\d[\d,]*(?:\.\d+)?(?:[–-]\d[\d,]*(?:\.\d+
                       r"(?:ms\b|s\b|min\b|MiB\b|MB\b|/s|×|%|cycles/s|cases/s)")
 
 
-@pytest.mark.parametrize("heading", ["### Performance", "### Campaigns at scale", "## Measured", "### Logs"])
-def test_no_figure_outside_a_block_lacks_its_date(heading: str) -> None:
+@pytest.mark.parametrize("page, heading", [("performance", "## What a case costs"), ("scale", "# Campaigns at scale"),
+                                           ("performance", "## Measured"), ("chaos", "## Logs")])
+def test_no_figure_outside_a_block_lacks_its_date(page: str, heading: str) -> None:
     """In the sections of measured figures, a figure outside the generated blocks stands in a
-    paragraph that says when it was measured (and, by the rules of this README, how)."""
-    text = _section(_readme(), heading)
+    paragraph that says when it was measured (and, by the rules of these pages, how)."""
+    text = _section(_page(page), heading)
     for begin, end in ((figures.BEGIN, figures.END), (bench_figures.PERFORMANCE_BEGIN, bench_figures.PERFORMANCE_END),
                        (bench_figures.MEMORY_BEGIN, bench_figures.MEMORY_END), (proof_figures.BEGIN, proof_figures.END)):
         if begin in text:

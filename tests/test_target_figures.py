@@ -1,7 +1,7 @@
-"""The README's targets table (scripts/target_figures.py): each class split by promise, what fires with no
+"""The targets table of docs/targets.md (scripts/target_figures.py): each class split by promise, what fires with no
 kill at all shown apart, ranges over the runs of one command where they differ, a sentence per target.
 
-The drift test (the README's block is the store's) is in tests/test_readme_figures.py.
+The drift test (the page's block is the store's) is in tests/test_readme_figures.py.
 """
 from __future__ import annotations
 

@@ -285,7 +285,9 @@ class Campaign:
         if self._stop.is_set() or len(self.baselines) < len(config.scenarios):
             return done  # the plan is derived from every fault-free run
         cases = plan.derive(config, self.full_plan())
-        self.progress(f"{len(cases)} cases ({config.mode}) over {len(config.scenarios)} scenario(s)")
+        # The fault-free baselines are cases of the report too: say both, so the counts add up.
+        self.progress(f"{len(cases)} cases + {len(done)} baselines ({config.mode}) "
+                      f"over {len(config.scenarios)} scenario(s)")
         self._announce(plan)
         done += self._run_cases(cases, keep_traces=config.mode == "double")
         if config.mode == "double" and not self._stop.is_set():

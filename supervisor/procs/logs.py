@@ -3,7 +3,7 @@
 Each worker writes JSON lines to its own stderr pipe; the pool reads each pipe line by
 line on a thread of its own and hands every line to `MergedLog.on_log(proc, line)`. A
 worker that is SIGKILLed can only lose its own unfinished line: the pipes are not
-shared, so no worker can hold anything the others need (see the README, "Logs", for
+shared, so no worker can hold anything the others need (see docs/chaos.md, "Logs", for
 why a queue shared by all workers was measured and rejected).
 
 Every output line is one JSON object: the worker's own fields when its line is a JSON

@@ -231,8 +231,10 @@
       if (!c) { clear(); panel.appendChild(el("p", {cls: "bad", text: "No case " + stem + " in this report."})); return; }
       clear();
       panel.appendChild(el("p", {text: "Loading " + c.id + " …"}));
-      if (!c.history) return showCase(c, null);
-      loadCase(stem, function (data, error) { showCase(c, data, error); });
+      // A #case= link shows the case where the page scrolls to it, on first load too, once it is drawn.
+      var shown = function (data, error) { showCase(c, data, error); panel.scrollIntoView(); };
+      if (!c.history) return shown(null);
+      loadCase(stem, shown);
       return;
     }
     if (q.has("cell")) {
