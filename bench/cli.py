@@ -24,6 +24,7 @@ from bench.api import bench_api
 from bench.campaign import bench_campaign
 from bench.daemon import bench_daemon
 from bench.flush import bench_flush
+from bench.hostile import bench_hostile
 from bench.memory import bench_memory
 from bench.powerloss import QUICK_LIMIT, QUICK_ROUNDS, ROUNDS, bench_powerloss
 from bench.powerloss import unavailable as powerloss_unavailable
@@ -63,8 +64,8 @@ def sizes_for(quick: bool, long: bool) -> Sizes:
                  upstream_campaign=None)
 
 
-SECTIONS = ("flush", "upstream", "resume", "recovery", "campaign", "daemon", "api", "memory", "powerloss")
-DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "powerloss")  # powerloss: only when named
+SECTIONS = ("flush", "upstream", "resume", "recovery", "campaign", "daemon", "api", "memory", "powerloss", "hostile")
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("powerloss", "hostile"))  # these: only when named
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
                                                      rounds=QUICK_ROUNDS if args.quick else ROUNDS,
                                                      limit=QUICK_LIMIT if args.quick else None,
                                                      progress=lambda line: print(line, file=sys.stderr, flush=True)))
+        section("hostile", lambda: bench_hostile(report, bench_dir, turns=16 if args.quick else 40))
     finally:
         shutil.rmtree(bench_dir, ignore_errors=True)
     try:

@@ -9,7 +9,9 @@
     hermes-supervisor bench [--quick]
 
 Exit status: 0 pass, 1 violations (or a planned kill that never fired), 2 usage, 3 interrupted
-(SIGINT/SIGTERM: the report is partial; a second signal exits at once with 128 + its number).
+(SIGINT/SIGTERM: the report is partial; a second signal exits at once with 128 + its number);
+141 (128 + SIGPIPE), quietly, when the reader of stdout went away (`check | head`).
+No option is ever abbreviated: `--worker 2` is an error, not `--workers 2`.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
 from supervisor.argtypes import RaisingParser as _Parser
-from supervisor.argtypes import UsageError, positive_int
+from supervisor.argtypes import UsageError, positive_int, quiet_broken_pipe
 from supervisor.chaos.generator import MODES
 from supervisor.chaos.nemesis import FAULT_OPTIONS
 from supervisor.chaos.scenarios import SCENARIOS
@@ -362,20 +364,29 @@ def run_bench(argv: Sequence[str]) -> NoReturn:
     os.execv(sys.executable, [sys.executable, "-m", "bench", *argv])
 
 
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "chaos":
+        return run_chaos(args)
+    if args.command == "check":
+        return run_check(args)
+    if args.command == "merge":
+        return run_merge(args)
+    return daemon_cli.run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         run_bench(argv[1:])
     try:
-        args = build_parser().parse_args(argv)
-        if args.command == "chaos":
-            return run_chaos(args)
-        if args.command == "check":
-            return run_check(args)
-        if args.command == "merge":
-            return run_merge(args)
-        return daemon_cli.run(args)
+        try:
+            args = build_parser().parse_args(argv)
+            code = _run(args)
+            sys.stdout.flush()  # here, where a reader that left (`check | head`) is caught below
+            return code
+        except BrokenPipeError:
+            return quiet_broken_pipe()
     except UsageError as exc:
         print(f"hermes-supervisor: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -197,3 +199,242 @@ def turn_script(turns: dict[str, list[Reply]], default: Reply | None = None) -> 
         return Reply(content=f"scripted model: no reply for {text!r} at index {idx}")
 
     return script
+
+
+# ---------------------------------------------------------------------------
+# Calling tools the script only knows by their JSON schemas
+# ---------------------------------------------------------------------------
+
+
+class SchemaUnsupported(ValueError):
+    """`example_arguments` cannot make a value the schema surely accepts."""
+
+
+# A value for each string format a tool's schema commonly names (pydantic's names).
+_FORMAT_EXAMPLES = {
+    "date-time": "2024-01-01T00:00:00Z", "date": "2024-01-01", "time": "00:00:00Z", "duration": "P1D",
+    "email": "user@example.com", "uri": "https://example.com/", "url": "https://example.com/",
+    "uuid": "00000000-0000-4000-8000-000000000000", "ipv4": "127.0.0.1", "ipv6": "::1",
+    "hostname": "example.com", "path": "example", "file-path": "example", "directory-path": ".",
+}
+_MAX_DEPTH = 16
+
+
+def _resolve(schema: dict, root: dict) -> dict:
+    ref = schema.get("$ref")
+    if not isinstance(ref, str):
+        return schema
+    if not ref.startswith("#"):
+        raise SchemaUnsupported(f"a $ref outside the schema ({ref})")
+    target: Any = root
+    for part in filter(None, ref[1:].split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(target, dict) or part not in target:
+            raise SchemaUnsupported(f"a $ref to nothing ({ref})")
+        target = target[part]
+    if not isinstance(target, dict):
+        raise SchemaUnsupported(f"a $ref to no schema ({ref})")
+    return {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+
+
+def _example_string(schema: dict, text: str) -> str:
+    fmt = schema.get("format")
+    value = _FORMAT_EXAMPLES.get(fmt, text) if fmt else text
+    if fmt and fmt not in _FORMAT_EXAMPLES:
+        raise SchemaUnsupported(f"a string of format {fmt!r}")
+    low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+    if high is not None:
+        value = value[: int(high)]
+    if len(value) < low:
+        value += "x" * (low - len(value))
+    if high is not None and len(value) > int(high):
+        raise SchemaUnsupported("a string shorter than it is long")
+    pattern = schema.get("pattern")
+    if pattern is not None:
+        fits = [c for c in (value, "example", "x", "1", "") if low <= len(c) <= (len(c) if high is None else int(high))]
+        try:
+            value = next((c for c in fits if re.search(str(pattern), c)), None)
+        except re.error:
+            value = None
+        if value is None:
+            raise SchemaUnsupported(f"a string matching {pattern!r}")
+    return value
+
+
+def _example_number(schema: dict, integer: bool) -> int | float:
+    low, high = schema.get("minimum"), schema.get("maximum")
+    ex_low, ex_high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    step = 1 if integer else 0.5
+    if ex_low is not None:
+        low = max(low, ex_low + step) if low is not None else ex_low + step
+    if ex_high is not None:
+        high = min(high, ex_high - step) if high is not None else ex_high - step
+    value: float = 1
+    if low is not None and value < low:
+        value = low
+    if high is not None and value > high:
+        value = high
+    multiple = schema.get("multipleOf")
+    if multiple:
+        value = math.ceil(value / multiple) * multiple
+    if integer:
+        value = math.ceil(value)  # a fractional lower bound
+    if (low is not None and value < low) or (high is not None and value > high) or (
+            multiple and round(value / multiple, 9) % 1):
+        raise SchemaUnsupported("a number within its bounds")
+    return int(value) if integer else float(value)
+
+
+def example_value(schema: Any, *, text: str = "example", root: dict | None = None, depth: int = 0) -> Any:
+    """A small value `schema` (JSON Schema, as pydantic writes them) accepts, the same every time:
+    an enum's or const's value, the first usable branch of anyOf/oneOf, a string `text` (fitted to
+    its length limits; a format's example), a number 1 (moved into its bounds), true, the
+    fewest items an array may have, an object with its required properties only.
+    SchemaUnsupported when no such value can be made with certainty (e.g. a pattern `text` and
+    "example" do not match)."""
+    if schema is True or schema == {}:
+        return text
+    if not isinstance(schema, dict):
+        raise SchemaUnsupported(f"a schema that is not an object ({schema!r})")
+    if depth > _MAX_DEPTH:
+        raise SchemaUnsupported("a schema nested too deeply")
+    root = schema if root is None else root
+    schema = _resolve(schema, root)
+    deeper = {"text": text, "root": root, "depth": depth + 1}
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches:
+            # A value of the first branch that is not null; null only if nothing else works.
+            ordered = sorted(branches, key=lambda b: isinstance(b, dict) and b.get("type") == "null")
+            for branch in ordered:
+                try:
+                    return example_value(branch, **deeper)
+                except SchemaUnsupported:
+                    continue
+            raise SchemaUnsupported(f"no branch of its {key}")
+    if isinstance(schema.get("allOf"), list):
+        merged: dict = {k: v for k, v in schema.items() if k != "allOf"}
+        for part in schema["allOf"]:
+            merged.update(_resolve(part, root) if isinstance(part, dict) else {})
+        return example_value(merged, **deeper)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"] or ["null"]
+        kind = kinds[0]
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
+    if kind == "string":
+        return _example_string(schema, text)
+    if kind in ("integer", "number"):
+        return _example_number(schema, kind == "integer")
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    if kind == "array":
+        count = int(schema.get("minItems", 0))
+        prefix = schema.get("prefixItems") or []
+        items = [example_value(prefix[i] if i < len(prefix) else schema.get("items", {}), **deeper)
+                 for i in range(max(count, len(prefix)))]
+        if schema.get("uniqueItems") and len({canonical(i) for i in items}) < len(items):
+            raise SchemaUnsupported("an array of distinct items")
+        return items
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        required = [r for r in schema.get("required") or [] if isinstance(r, str)]
+        names = required + [p for p in properties if p not in required][: max(0, int(schema.get(
+            "minProperties", 0)) - len(required))]
+        extra = schema.get("additionalProperties", True)
+        out = {}
+        for name in names:
+            sub = properties.get(name, extra if isinstance(extra, dict) else {})
+            out[name] = example_value(sub, **deeper)
+        return out
+    raise SchemaUnsupported(f"a value of type {kind!r}")
+
+
+def example_arguments(parameters: Any, text: str = "example") -> dict:
+    """The arguments `example_value` makes for a tool's ``parameters`` schema (an object: only its
+    required arguments, each the simplest value of its type, a string being `text`)."""
+    value = example_value(parameters if parameters is not None else {"type": "object"}, text=text)
+    if not isinstance(value, dict):
+        raise SchemaUnsupported("parameters that are not an object")
+    return value
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """A tool a `tools_script` calls: its name and its arguments' JSON schema."""
+
+    name: str
+    parameters: dict
+
+
+def tool_results(messages: list[dict]) -> list[tuple[str, Any, str]]:
+    """(name, arguments, result text) of each tool call the current turn made so far (after the last
+    user message), in the order the calls were made; a call without a result yet is left out."""
+    idx = _last_user_index(messages)
+    tail = messages if idx is None else messages[idx + 1 :]
+    results = {m.get("tool_call_id"): content_text(m.get("content")) for m in tail
+               if isinstance(m, dict) and m.get("role") == "tool"}
+    out = []
+    for msg in tail:
+        if not isinstance(msg, dict) or msg.get("role") != "assistant":
+            continue
+        for call in msg.get("tool_calls") or []:
+            if not isinstance(call, dict) or call.get("id") not in results:
+                continue
+            function = call.get("function") or {}
+            try:
+                arguments = json.loads(function.get("arguments") or "{}")
+            except (TypeError, ValueError):
+                arguments = function.get("arguments")
+            out.append((str(function.get("name")), arguments, results[call["id"]]))
+    return out
+
+
+def tools_script(tools: "list[ToolUse] | tuple[ToolUse, ...]", *, result_chars: int = 1000,
+                 text_chars: int = 200) -> Script:
+    """A model that, to any message, calls each of `tools` once (one batch, arguments from
+    `example_arguments`, the message's text for strings), then answers with the message and
+    every result (each cut to `result_chars`). Without tools it only answers. Like every Script
+    it is a function of the conversation: a re-sent conversation gets the same calls again.
+    SchemaUnsupported (at once, not at a request) for a tool whose schema `example_arguments`
+    cannot fill; `usable_tools` sorts those out first."""
+    chosen = tuple(tools)
+    for use in chosen:
+        example_arguments(use.parameters)
+
+    def script(messages: list[dict]) -> Reply:
+        text = last_user_text(messages) or ""
+        if reply_index(messages) == 0 and chosen:
+            short = " ".join(text.split())[:text_chars] or "example"
+            return Reply(tool_calls=tuple(ToolCallSpec(use.name, example_arguments(use.parameters, short))
+                                          for use in chosen))
+        lines = [f"You said: {text}" if text.strip() else "You said nothing."]
+        done = tool_results(messages)
+        if done:
+            lines.append("I called your tools:")
+        for name, arguments, result in done:
+            shown = result if len(result) <= result_chars else result[:result_chars] + " [...]"
+            lines.append(f"- {name}({canonical(arguments)}) -> {shown}")
+        return Reply(content="\n".join(lines))
+
+    return script
+
+
+def usable_tools(tools: "list[ToolUse] | tuple[ToolUse, ...]") -> tuple[list[ToolUse], dict[str, str]]:
+    """The tools `tools_script` can call, and for each other one why not."""
+    usable, refused = [], {}
+    for use in tools:
+        try:
+            example_arguments(use.parameters)
+        except SchemaUnsupported as exc:
+            refused[use.name] = f"cannot make arguments for its schema: it needs {exc}"
+        else:
+            usable.append(use)
+    return usable, refused

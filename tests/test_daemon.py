@@ -91,7 +91,7 @@ def test_the_commands_plug_into_the_supervisor_cli_parser(tmp_path: Path, capsys
     daemon_cli.add_commands(parser.add_subparsers(dest="command", required=True, parser_class=supervisor_cli._Parser))
     with pytest.raises(supervisor_cli.UsageError):
         parser.parse_args(["serve", "--db", str(tmp_path / "x.db"), "--workers", "0"])
-    args = parser.parse_args(["submit", "--db", str(tmp_path / "x.db"), "--session", "s", "hi"])
+    args = parser.parse_args(["submit", "--db", str(tmp_path / "x.db"), "--create", "--session", "s", "hi"])
     assert args.command == "submit" and daemon_cli.run(args) == 0
     turn = capsys.readouterr().out.strip()
     assert daemon_cli.run(parser.parse_args(["result", "--db", str(tmp_path / "x.db"), turn])) == 3
@@ -161,7 +161,7 @@ def test_abandoning_a_turn_leaves_the_transcript_well_formed(tmp_path: Path) -> 
 def test_submit_status_result_round_trip_and_a_second_daemon_is_refused(
         tmp_path: Path, daemons: Daemons) -> None:
     db = tmp_path / "state.db"
-    first = cli(tmp_path, "submit", "--db", str(db), "--session", "alpha", "hello there")
+    first = cli(tmp_path, "submit", "--db", str(db), "--create", "--session", "alpha", "hello there")
     assert first.returncode == 0, first.stderr
     turn_a = first.stdout.strip()
     turn_b = cli(tmp_path, "submit", "--db", str(db), "--session", "alpha", "--", "-and a second one").stdout.strip()
@@ -172,7 +172,7 @@ def test_submit_status_result_round_trip_and_a_second_daemon_is_refused(
 
     daemon = daemons(db, "--workers", "2", "--json-logs")
     second = cli(tmp_path, "serve", "--db", str(db))
-    assert second.returncode == 1
+    assert second.returncode == 2  # a usage error: systemd's RestartPreventExitStatus=2 does not retry it
     assert second.stderr.count("\n") == 1 and f"another daemon (pid {daemon.pid})" in second.stderr
     assert inbox.read_status(db)["pid"] == daemon.pid  # the refused one left the status alone
 

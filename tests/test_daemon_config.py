@@ -79,7 +79,9 @@ def test_every_key_is_read_checked_and_named_as_its_flag(tmp_path: Path) -> None
     ("workers = 0\n", "workers: must be at least 1"),
     ("workers = true\n", "workers: must be a whole number"),
     ('synchronous = "OFF"\n', "synchronous: must be \"FULL\" or \"NORMAL\""),
-    ('tools = "chaos"\n', "tools: must be a list"),
+    ("tools = 3\n", "tools: must be a list"),
+    ("tools = []\n", "tools: must be a list"),
+    ('tools = ["chaos", 3]\n', "tools: 3 is not a toolset or module name"),
     ('tools = ["../evil"]\n', "tools: '../evil' is not a toolset or module name"),
     ('http = "8080"\n', "http: must be \"HOST:PORT\""),
     ('http = "localhost:99999"\n', "http: must be \"HOST:PORT\" with a port from 0 to 65535"),
@@ -177,7 +179,8 @@ def test_session_and_turn_ids_are_checked_by_every_command(
 
 def test_good_ids_still_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "state.db"
-    assert daemon_cli.main(["submit", "--db", str(db), "--session", "tenant:a.1_b-2", "--turn-id", "t.1", "hi"]) == 0
+    assert daemon_cli.main(["submit", "--db", str(db), "--create", "--session", "tenant:a.1_b-2", "--turn-id", "t.1",
+                            "hi"]) == 0
     assert capsys.readouterr().out == "t.1\n"
     assert daemon_cli.main(["status", "--db", str(db), "--session", "tenant:a.1_b-2", "--json"]) == 0
     assert '"t.1"' in capsys.readouterr().out

@@ -95,3 +95,16 @@ def test_the_daemon_says_ready_pings_the_watchdog_and_says_stopping(
     assert message["STOPPING"] == "1"
     assert daemon.proc.wait(30) == 0
     wait_for("every process the daemon started to be gone", lambda: not daemon.survivors(), timeout=10)
+
+
+def test_the_documented_unit_gives_the_daemon_descriptors_for_its_connections_and_workers() -> None:
+    from supervisor.daemon.http import MAX_CONNECTIONS, fd_limits
+    from supervisor.daemon.systemd import LIMIT_NOFILE
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "daemon.md").read_text(encoding="utf-8")
+    unit = text.split("```ini\n", 1)[1].split("```", 1)[0]
+    lines = unit.splitlines()
+    assert f"LimitNOFILE={LIMIT_NOFILE}" in lines and lines.index("[Service]") < lines.index(f"LimitNOFILE={LIMIT_NOFILE}")
+    assert "Type=notify" in lines and "RestartPreventExitStatus=2" in lines
+    assert fd_limits(LIMIT_NOFILE, workers=64)[0] == MAX_CONNECTIONS  # the cap, not the descriptors, limits
+    assert fd_limits(1024, workers=4)[0] < MAX_CONNECTIONS  # what systemd's default would leave

@@ -7,21 +7,29 @@ or queued behind one) is held by a model of the test's own that answers only whe
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import http.client
 import json
+import logging
 import os
+import re
+import socket
 import stat
 import subprocess
 import sys
 import threading
 import time
+import types
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.api import ApiClient, Event, EventStream, HttpDaemon
-from hermes.state import connect_readonly
+from bench.api import ApiClient, ApiError, Event, EventStream, HttpDaemon
+from hermes.state import SessionDB, connect_readonly
 from supervisor.chaos.checker import check_structure
 from supervisor.daemon.http import MAX_BODY
 from supervisor.procs.pool import child_env
@@ -528,3 +536,445 @@ def test_the_token_is_made_private_once_and_kept(tmp_path: Path) -> None:
     assert load_token(db) == token and stat.S_IMODE(token_path(db).stat().st_mode) == 0o600
     token_path(db).write_text("")  # e.g. cut short: a new one is made
     assert load_token(db) not in ("", token)
+
+
+# ------------------------------------------------------------ hostile clients
+def _raw(url: str, data: bytes = b"", timeout: float = 30.0) -> socket.socket:
+    """A raw connection to the API that has sent `data` (the socket's timeout bounds every read)."""
+    parts = urllib.parse.urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=timeout)
+    if data:
+        sock.sendall(data)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes the connection (socket.timeout if it never does)."""
+    out = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return out
+        out += chunk
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + logging.Formatter().formatException(record.exc_info)
+        self.lines.append(text)
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+class InProcess:
+    """The HTTP API of a stand-in daemon on a database of the test's own, served in this process,
+    with its limits set small by the test; its log captured."""
+
+    def __init__(self, db: Path, **limits: Any) -> None:
+        from supervisor.daemon import http
+        from supervisor.daemon.metrics import DaemonMetrics
+
+        self.db = db
+        SessionDB(db).close()
+        daemon = types.SimpleNamespace(db_path=db, config=types.SimpleNamespace(synchronous="FULL", workers=1),
+                                       wake=lambda: None, metrics=DaemonMetrics(), totals={}, leases={},
+                                       state="running")
+        self.api = http.HttpApi(daemon, "127.0.0.1", 0)  # type: ignore[arg-type]
+        for name, value in limits.items():
+            setattr(self.api, name, value)
+        self.url = self.api.start()
+        self.log = _Capture()
+        for name in ("uvicorn", "hermes.daemon"):
+            logging.getLogger(name).addHandler(self.log)
+        from supervisor.daemon.log import log as daemon_log
+
+        daemon_log.addHandler(self.log)
+        self._daemon_log = daemon_log
+        self.client = ApiClient(self.url, self.api.token)
+
+    def close(self) -> None:
+        self.api.stop()
+        for name in ("uvicorn", "hermes.daemon"):
+            logging.getLogger(name).removeHandler(self.log)
+        self._daemon_log.removeHandler(self.log)
+
+
+@pytest.fixture
+def inproc(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[InProcess]:
+    limits = getattr(request, "param", {})
+    server = InProcess(tmp_path / "api.db", **limits)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def big_session(db: Path, session: str, turns: int, size: int) -> list[str]:
+    """`turns` done turns of `session`, each answered by one row of `size` characters."""
+    ids = []
+    with SessionDB(db) as handle:
+        for i in range(turns):
+            turn = f"{session}-big-{i}"
+            handle.submit_turn(session, turn, f"question {i}")
+            handle.write_pending(session, [{"role": "user", "content": f"question {i}", "_turn_id": turn}],
+                                 start_turn=turn)
+            handle.write_pending(session, [{"role": "assistant", "content": f"{i}:" + "x" * size, "_turn_id": turn}])
+            handle.finish_turn(turn, "done")
+            ids.append(turn)
+    return ids
+
+
+def test_every_route_of_the_app_refuses_a_request_without_the_token(demo: HttpDaemon) -> None:
+    """The routes come from the app object itself: a route added later is checked without listing it."""
+    from supervisor.daemon.http import OPEN_PATHS, HttpApi
+
+    app = HttpApi(types.SimpleNamespace(db_path=demo.db), "127.0.0.1", 0).app()  # type: ignore[arg-type]
+    routes = [(method, route.path) for route in app.routes for method in sorted(route.methods or ())]
+    assert ("GET", "/v1/sessions/{session}/turns") in routes and len(routes) >= 8
+    anonymous, wrong = ApiClient(demo.url, None), ApiClient(demo.url, "y" * 43)
+    for method, template in routes:
+        path = re.sub(r"\{[^}]+\}", "auth-x1", template)
+        for client in (anonymous, wrong):
+            status, out = client.request(method, path, {"message": "hi"} if method == "POST" else None)
+            if template in OPEN_PATHS:
+                assert status == 200, (method, path, status)
+            else:
+                assert status == 401, (method, path, status, out)
+    assert OPEN_PATHS == {"/healthz"}
+    for path in ("/v1/no-such-route", "/healthz/", "/metrics/x"):  # unknown paths give nothing away either
+        assert anonymous.request("GET", path)[0] == 401, path
+    assert durable(demo.db, "auth-x1") == ([], [])
+
+
+def test_malformed_requests_are_4xx_and_log_no_traceback(demo: HttpDaemon) -> None:
+    client = demo.client()
+    path = "/v1/sessions/malformed/turns"
+    for raw in (b"[" * 200_000, b'{"message": ' + b"[" * 100_000, b'{"message": "\xff\xfe"}'):
+        status, out = client.request("POST", path, raw=raw)
+        assert status == 400, (raw[:20], status, out)
+    assert client.request("GET", "/v1/sessions/ok/events?after=%C2%B2")[0] == 400
+    assert client.request("GET", "/v1/sessions/ok/events?after=%FF")[0] == 400
+    assert client.request("GET", "/v1/sessions/ok/events", headers={"Last-Event-ID": "\u00b2"})[0] == 400
+    assert client.request("GET", "/v1/sessions/ok/turns?after=%C2%B2")[0] == 400
+    assert client.request("GET", "/v1/sessions/ok/turns?limit=0")[0] == 400
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        status, _ = client.request("POST", path, raw=b'{"message": "hi"}', headers={"Content-Type": kind})
+        assert status == 415, kind
+    assert client.request("POST", path, raw=b'{"message": "hi"}',
+                          headers={"Content-Type": "application/json; charset=utf-8"})[0] == 202
+    assert client.request("POST", path, raw=b" " * (MAX_BODY + 1))[0] == 413
+    assert client.request("POST", path, raw=b"{}", headers={"Content-Length": "x"})[0] == 400
+    # A chunked body past the bound, and a head past h11's bound.
+    chunked = _raw(demo.url, (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {demo.token}\r\n"
+                              "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode())
+    try:
+        piece = b" " * 65536
+        with contextlib.suppress(OSError):  # the server may answer and close before all is sent
+            for _ in range(MAX_BODY // len(piece) + 2):
+                chunked.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+        assert _read_all(chunked).startswith(b"HTTP/1.1 413")
+    finally:
+        chunked.close()
+    huge = _raw(demo.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n")
+    try:
+        assert _read_all(huge).startswith(b"HTTP/1.1 4")
+    finally:
+        huge.close()
+    # A client that hangs up mid-body is not an error.
+    for _ in range(3):
+        gone = _raw(demo.url, (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {demo.token}\r\n"
+                               "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"mess").encode())
+        gone.close()
+    for _ in range(3):
+        assert ApiClient(demo.url, None).request("GET", "/healthz")[0] == 200
+    text = demo.log.read_text(errors="replace")
+    for bad in ("Traceback", "Exception in ASGI", "ClientDisconnect", "RecursionError"):
+        assert bad not in text, text[-3000:]
+
+
+def test_the_turns_of_a_session_are_listed(demo: HttpDaemon) -> None:
+    client = demo.client()
+    session = "listing-1"
+    stream = client.events(session)
+    ids = [client.submit(session, f"list me {i}")["turn_id"] for i in range(3)]
+    read_until(stream, end_of(ids[-1]))
+    stream.close()
+    status, out = client.request("GET", f"/v1/sessions/{session}/turns")
+    assert status == 200 and out["session"] == session and out["next"] is None, out
+    assert [t["turn_id"] for t in out["turns"]] == ids
+    for turn in out["turns"]:
+        assert turn["state"] == "done" and turn["attempts"] == 1 and turn["error"] is None
+        assert turn["created_at"] <= turn["started_at"] <= turn["ended_at"]
+    status, page = client.request("GET", f"/v1/sessions/{session}/turns?limit=2")
+    assert [t["turn_id"] for t in page["turns"]] == ids[:2] and page["next"] == page["turns"][-1]["seq"]
+    status, rest = client.request("GET", f"/v1/sessions/{session}/turns?after={page['next']}")
+    assert [t["turn_id"] for t in rest["turns"]] == ids[2:] and rest["next"] is None
+    assert client.request("GET", "/v1/sessions/no-such-session/turns")[0] == 404
+
+
+def test_a_silent_or_half_sent_request_is_closed_after_its_bound(tmp_path: Path) -> None:
+    server = InProcess(tmp_path / "t.db", head_seconds=0.3, body_seconds=0.3)
+    try:
+        silent = _raw(server.url)
+        half_head = _raw(server.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        half_body = _raw(server.url, (f"POST /v1/sessions/s/turns HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                      f"{server.api.token}\r\nContent-Length: 100\r\n\r\n{{\"mes").encode())
+        try:
+            assert _read_all(silent) == b""
+            assert _read_all(half_head).startswith(b"HTTP/1.1 408")
+            assert _read_all(half_body) == b""  # closed; the handler saw the client gone
+        finally:
+            for sock in (silent, half_head, half_body):
+                sock.close()
+        assert server.client.request("GET", "/healthz")[0] == 200
+        assert server.api.rate.counts.get("timeout-head") == 2 and server.api.rate.counts.get("timeout-body") == 1
+    finally:
+        server.close()
+    assert "Traceback" not in server.log.text() and "ClientDisconnect" not in server.log.text()
+
+
+def test_past_the_caps_idle_connections_make_room_else_503_with_retry_after(tmp_path: Path) -> None:
+    server = InProcess(tmp_path / "t.db", max_connections=3, max_streams=2)
+    streams: list[EventStream] = []
+    idle: list[socket.socket] = []
+    try:
+        streams = [server.client.events("cap-s") for _ in range(2)]  # each answered: its connection is busy
+        with pytest.raises(ApiError) as refused:
+            server.client.events("cap-s")
+        assert refused.value.status == 503
+        idle = [_raw(server.url)]
+        assert server.client.request("GET", "/healthz")[0] == 200  # the idle one made room
+        assert _read_all(idle[0]) == b""
+        wait_for_state(lambda: len(server.api.protocols) == 2)  # the request's connection is gone
+        # Three busy connections (two streams and one request body on its way): nothing to evict.
+        slow = _raw(server.url, (f"POST /v1/sessions/s/turns HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                 f"{server.api.token}\r\nContent-Length: 100\r\n\r\n{{").encode())
+        idle.append(slow)
+        # The slow body is in its body phase once the server read it: its head was whole. Until then it
+        # could still be evicted; a request on a fourth connection tells which happened.
+        wait_for_state(lambda: any(p.guard_phase == "body" for p in list(server.api.protocols)))
+        parts = urllib.parse.urlsplit(server.url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        conn.request("GET", "/healthz")
+        response = conn.getresponse()
+        assert response.status == 503 and response.getheader("Retry-After") == "2", response.status
+        conn.close()
+        assert server.api.rate.counts.get("rejected", 0) >= 1 and server.api.rate.counts.get("evicted") == 1
+    finally:
+        for stream in streams:
+            stream.close()
+        for sock in idle:
+            sock.close()
+        server.close()
+
+
+def wait_for_state(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Until `condition()` (state of the server's loop, looked at from here); fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        threading.Event().wait(0.005)
+
+
+def _on_loop(api: Any, fn: Callable[[], Any]) -> Any:
+    """`fn()` run in the server's event loop (a consistent look at its state), from the test's thread."""
+    async def call() -> Any:
+        return fn()
+    return asyncio.run_coroutine_threadsafe(call(), api.loop).result(30)
+
+
+def test_a_stream_that_is_not_read_holds_a_bounded_buffer_and_resumes(tmp_path: Path) -> None:
+    """A client that stops reading holds, in the daemon, one poll's rows and about a chunk: counted
+    in bytes (what the stream read and did not hand over, and the transport's buffer), not timed.
+    Read on, it gets every event once, in order. (The client's receive buffer is left as it is: a
+    tiny one makes loopback TCP crawl at a few KB a second, stalled on zero-window probes.)"""
+    import tracemalloc
+
+    from supervisor.daemon.events import SessionFeed
+    from supervisor.daemon.http import STREAM_BATCH_BYTES, STREAM_CHUNK
+
+    db = tmp_path / "big.db"
+    SessionDB(db).close()
+    size = 1 << 20
+    turns = big_session(db, "big", 24, size)
+    tracemalloc.start()
+    server = InProcess(db)
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        parts = urllib.parse.urlsplit(server.url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        conn.request("GET", "/v1/sessions/big/events", headers={"Authorization": f"Bearer {server.api.token}"})
+        reader = conn.getresponse()  # (chunked: read through http.client)
+        assert reader.status == 200
+
+        def blocked() -> tuple[int, int, int] | None:
+            """(held by the stream, in the transport's buffer, handed over) once the stream waits on its client."""
+            states, protos = list(server.api.stream_states), list(server.api.protocols)
+            if len(states) != 1 or not states[0].waiting or not any(p.flow.write_paused for p in protos):
+                return None
+            return states[0].held, sum(p.transport.get_write_buffer_size() for p in protos), states[0].sent
+
+        # The server fills the socket, then waits on its client: its write side pauses (backpressure).
+        found: list[Any] = []
+        wait_for_state(lambda: found.append(_on_loop(server.api, blocked)) or found[-1] is not None)
+        held, buffered, _sent = found[-1]
+        row = size + 512  # an answer row's event (its text, id, kind and JSON around it)
+        bound = max(STREAM_BATCH_BYTES, 2 * row) + STREAM_CHUNK + row + (64 << 10)  # a poll; a chunk; its high water
+        assert held + buffered <= bound, f"a stream nobody reads holds {held} + {buffered} bytes (bound {bound})"
+        grown = tracemalloc.get_traced_memory()[0] - base
+        assert grown < 12 << 20, f"a stream nobody reads holds {grown >> 20} MB"
+        tracemalloc.stop()
+
+        # Nothing was dropped: read on, and every event arrives once, in order, the answers whole.
+        reading = connect_readonly(db)
+        try:
+            expected = [(e.id, e.kind) for e in _drain(SessionFeed(reading, "big"))]
+        finally:
+            reading.close()
+        got: list[tuple[int, str]] = []
+        ends: list[str] = []
+        while len(got) < len(expected):
+            line = reader.readline()
+            assert line, "the stream ended early"
+            if not line.startswith(b"id: "):
+                continue
+            event_id = int(line[4:])
+            kind = reader.readline()[len(b"event: "):].strip().decode()
+            data = json.loads(reader.readline()[len(b"data: "):])
+            got.append((event_id, kind))
+            if kind == "answer":
+                index = len([k for _, k in got if k == "answer"]) - 1
+                assert data["content"] == f"{index}:" + "x" * size
+            elif kind == "turn_done":
+                ends.append(data["turn_id"])
+        assert got == expected and ends == turns
+        conn.close()
+    finally:
+        tracemalloc.stop()
+        server.close()
+
+
+def test_database_reads_run_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.daemon import http
+
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_view(conn: Any, turn_id: str) -> None:
+        entered.set()
+        release.wait(60)
+        return None
+
+    monkeypatch.setattr(http, "turn_view", slow_view)
+    server = InProcess(tmp_path / "t.db")
+    try:
+        results: list[int] = []
+        thread = threading.Thread(target=lambda: results.append(server.client.request("GET", "/v1/turns/t-1")[0]))
+        thread.start()
+        assert entered.wait(30)
+        # The lookup is stuck in its read; the loop serves on.
+        assert ApiClient(server.url, None, timeout=30).request("GET", "/healthz") == (200, {"status": "ok"})
+        assert server.client.request("GET", "/v1/sessions/s/turns")[0] == 404
+        release.set()
+        thread.join(30)
+        assert results == [404]
+    finally:
+        release.set()
+        server.close()
+
+
+def test_a_turn_lookup_reads_that_turn_not_its_session(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from supervisor.daemon.http import turn_view
+
+    db = tmp_path / "big.db"
+    SessionDB(db).close()
+    turns = big_session(db, "big", 30, 1 << 20)
+    with SessionDB(db) as handle:
+        handle.submit_turn("big", "small", "small one")
+        handle.write_pending("big", [{"role": "user", "content": "small one", "_turn_id": "small"}],
+                             start_turn="small")
+        handle.write_pending("big", [{"role": "assistant", "content": "a small answer", "_turn_id": "small"}])
+        handle.finish_turn("small", "done")
+    conn = connect_readonly(db)
+    try:
+        tracemalloc.start()
+        view = turn_view(conn, "small")
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert view == {"turn_id": "small", "session": "big", "state": "done", "answer": "a small answer",
+                        "error": None}
+        assert peak < 1 << 20, f"looking up one small turn allocated {peak >> 20} MB"
+        assert turn_view(conn, turns[3])["answer"] == "3:" + "x" * (1 << 20)
+        assert turn_view(conn, "none") is None
+    finally:
+        conn.close()
+
+
+def test_shutdown_with_streams_nobody_reads_is_prompt_and_quiet(tmp_path: Path) -> None:
+    db = tmp_path / "big.db"
+    SessionDB(db).close()
+    big_session(db, "big", 8, 1 << 20)
+    server = InProcess(db)
+    socks = []
+    try:
+        for _ in range(3):
+            sock = _raw(server.url, (f"GET /v1/sessions/big/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                     f"{server.api.token}\r\n\r\n").encode())
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            socks.append(sock)
+        wait_for_state(lambda: sum(1 for p in list(server.api.protocols)
+                                   if p.flow is not None and p.flow.write_paused) == 3)
+        half = _raw(server.url, b"GET /healthz HTTP/1.1\r\n")
+        socks.append(half)
+        server.api.stop(timeout=30)
+        assert not server.api.thread.is_alive()
+    finally:
+        for sock in socks:
+            sock.close()
+        server.close()
+    text = server.log.text()
+    for bad in ("CancelledError", "Traceback", "Cancel ", "timeout graceful shutdown exceeded"):
+        assert bad not in text, text[-3000:]
+
+
+def test_accept_errors_are_logged_at_a_bounded_rate(tmp_path: Path) -> None:
+    import errno as errnos
+
+    from supervisor.daemon.http import HttpApi, RateLog
+
+    now = [100.0]
+    lines: list[tuple[str, dict]] = []
+    api = HttpApi(types.SimpleNamespace(db_path=tmp_path / "x.db"), "127.0.0.1", 0)  # type: ignore[arg-type]
+    api.rate = RateLog(every=10.0, clock=lambda: now[0], emit=lambda message, **fields: lines.append((message, fields)))
+    loop = asyncio.new_event_loop()
+    try:
+        for _ in range(1000):
+            api._loop_exception(loop, {"message": "socket.accept() out of system resource",
+                                       "exception": OSError(errnos.EMFILE, "Too many open files")})
+        assert len(lines) == 1 and "accept" in lines[0][0]
+        now[0] += 10.0
+        api._loop_exception(loop, {"exception": OSError(errnos.EMFILE, "Too many open files")})
+        assert len(lines) == 2 and lines[1][1]["not_logged_since"] == 999
+        assert api.rate.counts["accept"] == 1001
+    finally:
+        loop.close()
+
+
+def test_the_caps_keep_descriptors_for_the_workers() -> None:
+    from supervisor.daemon.http import MAX_CONNECTIONS, MAX_STREAMS, REJECT_SLACK, fd_limits
+
+    for soft in (256, 1024, 4096, 1 << 20):
+        for workers in (1, 4, 32):
+            connections, streams = fd_limits(soft, workers)
+            assert connections <= MAX_CONNECTIONS and streams <= min(MAX_STREAMS, connections)
+            if soft >= 1024:
+                assert connections + REJECT_SLACK + 16 * workers + 128 <= soft
+    assert fd_limits(1024, 4)[0] < 1024 - 64

@@ -1,24 +1,38 @@
 """The daemon's commands: serve, submit, status, result.
 
     hermes-supervisor serve  [--config FILE] --db PATH [--workers N] [--base-url URL --model NAME]
-                             [--api-key-env NAME | --api-key-file PATH] [--tools MODULE[,MODULE]]
+                             [--api-key-env NAME | --api-key-file PATH] [--tools MODULE|FILE.py[,...]]
                              [--system-prompt TEXT | --system-prompt-file PATH] [--stream]
                              [--synchronous FULL|NORMAL] [--drain-seconds S] [--max-attempts N]
                              [--max-model-calls N] [--crash-limit K] [--backoff-base S] [--backoff-max S]
                              [--turn-timeout S] [--json-logs] [--log-file PATH] [--log-level LEVEL]
                              [--http HOST:PORT [--http-allow-remote]]
-    hermes-supervisor submit --db PATH --session ID [--turn-id ID] TEXT
-    hermes-supervisor status --db PATH [--session ID] [--json]
+    hermes-supervisor submit --db PATH [--create] --session ID [--turn-id ID] [--json]
+                             (--message-file PATH | --message-file - | - | TEXT)
+    hermes-supervisor status --db PATH [--session ID] [--json] [--wait [--timeout S]]
     hermes-supervisor result --db PATH TURN [--wait] [--timeout S] [--json]
 
 `serve` takes its settings from `--config FILE` (TOML, see supervisor.daemon.config) and
 its flags; a flag given wins over the file. Session and turn ids are checked with
-`hermes.ids.validate_session_id` wherever one is given.
+`hermes.ids.validate_session_id` wherever one is given. No option is ever abbreviated.
 
-Exit status: serve 0 after a clean stop (SIGTERM/SIGINT), 1 if another daemon already
-serves the database or its --http address cannot be served; submit/status 0; result 0 done, 1 failed, 3 not finished yet
-(without --wait, or the wait timed out), 4 no such turn; every command 2 on bad
-arguments (one line on stderr).
+`serve` is ready when it says so: the status file (PATH.daemon.json) names the new daemon
+(its pid) from the moment it holds the database, so no reader ever sees a dead daemon's URL
+as the live one's; with --http the token file and the status file (with the URL) are written
+before the URL is printed, as the first line on stdout. `status --wait` returns once a live
+daemon serves the database (the database and the daemon may still be starting).
+
+`submit` refuses a database that does not exist (a mistyped path would otherwise queue
+turns nobody serves) unless given --create. The message is TEXT, or read from
+--message-file PATH, or from standard input (`-` or `--message-file -`), as UTF-8; trailing
+newlines are dropped.
+
+Exit status: serve 0 after a clean stop (SIGTERM/SIGINT), 1 if its --http address cannot be
+served, 2 if another daemon already serves the database (a usage error: restarting cannot
+help, so systemd's RestartPreventExitStatus=2 stops there); submit 0; status 0, and with
+--wait 3 if no live daemon served the database within --timeout; result 0 done, 1 failed, 3
+not finished yet (without --wait, or the wait timed out), 4 no such turn; every command 2 on
+bad arguments (one line on stderr); 141, quietly, when the reader of stdout went away.
 
 `supervisor.cli` adds these with `add_commands(subparsers)` and runs them with `run(args)`;
 `python -m supervisor.daemon.cli ...` runs them on their own. Each command imports what it
@@ -39,7 +53,7 @@ from typing import Any, Sequence
 from hermes.ids import session_id_argument
 from hermes.text_files import UnreadableText, read_utf8
 from supervisor.argtypes import RaisingParser as _Parser
-from supervisor.argtypes import UsageError, positive_int, seconds
+from supervisor.argtypes import UsageError, positive_int, quiet_broken_pipe, seconds
 
 PROG = "hermes-supervisor"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FINISHED, EXIT_UNKNOWN = 0, 1, 2, 3, 4
@@ -77,7 +91,8 @@ def add_commands(subparsers: Any) -> None:
     key.add_argument("--api-key-file", type=Path, default=None, metavar="PATH",
                      help="a file holding the model's API key; refused unless only its owner may read it (0600)")
     serve.add_argument("--tools", default=None, metavar="MODULE[,MODULE]",
-                       help="the tools offered to the model: toolsets or importable modules of @tool functions "
+                       help="the tools offered to the model: toolsets, importable modules of @tool functions, or "
+                            ".py files of them (relative to the current directory; in --config, to the file) "
                             "(default: none with --base-url; the chaos tools with the built-in demo model)")
     prompt = serve.add_mutually_exclusive_group()
     prompt.add_argument("--system-prompt", default=None, metavar="TEXT", help="the agent's system prompt")
@@ -116,18 +131,29 @@ def add_commands(subparsers: Any) -> None:
     serve.set_defaults(daemon_command="serve")
 
     submit = subparsers.add_parser("submit", help="queue a user turn; prints its turn id")
-    submit.add_argument("--db", type=Path, required=True, metavar="PATH")
+    submit.add_argument("--db", type=Path, required=True, metavar="PATH",
+                        help="the database the daemon serves; refused if missing, unless --create")
+    submit.add_argument("--create", action="store_true", help="make the database if it does not exist yet")
     submit.add_argument("--session", required=True, type=session_id_argument, metavar="ID")
     submit.add_argument("--turn-id", default=None, type=_turn_id, metavar="ID",
                         help="choose the id (submitting it again is a no-op)")
     submit.add_argument("--json", action="store_true")
-    submit.add_argument("text", metavar="TEXT", help="the user message (use -- before a text starting with -)")
+    submit.add_argument("--message-file", type=Path, default=None, metavar="PATH",
+                        help="read the user message from this file (UTF-8); - reads standard input")
+    submit.add_argument("text", nargs="?", default=None, metavar="TEXT",
+                        help="the user message itself, or - to read it from standard input (use -- before a "
+                             "text starting with -); prefer --message-file or stdin: argv is visible to other users")
     submit.set_defaults(daemon_command="submit")
 
     status = subparsers.add_parser("status", help="sessions, turns and live workers")
     status.add_argument("--db", type=Path, required=True, metavar="PATH")
     status.add_argument("--session", default=None, type=session_id_argument, metavar="ID")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--wait", action="store_true",
+                        help="first wait until a live daemon serves the database (it and the database may still "
+                             "be starting)")
+    status.add_argument("--timeout", type=seconds, default=30.0, metavar="SECONDS",
+                        help="with --wait: give up after this long, exit 3 (default 30; 0 = forever)")
     status.set_defaults(daemon_command="status")
 
     result = subparsers.add_parser("result", help="print a turn's final answer")
@@ -216,17 +242,52 @@ def _api_key(settings: dict[str, Any]) -> tuple[str | None, Path | None]:
     return None, path
 
 
-def _check_tools(value: str) -> list[str]:
-    """Import the tool modules `value` names, as each worker will; returns the directories the
-    workers need on their import path for them. UsageError (one line) if any cannot be offered."""
+def _tool_files(value: str) -> str:
+    """`value` with each entry that is a .py file (relative to the current directory; a config
+    file's are absolute already) replaced by its module name, its directory put on the import path."""
+    from supervisor.daemon.config import is_tool_path
+
+    names = []
+    for item in (n.strip() for n in value.split(",")):
+        if not item or not is_tool_path(item):
+            names.append(item)
+            continue
+        path = Path(item).expanduser().absolute()
+        if not path.is_file():
+            raise UsageError(f"--tools {item!r}: no such file ({path})")
+        if not path.stem.isidentifier():
+            raise UsageError(f"--tools {item!r}: {path.stem!r} cannot be a Python module name; rename the file")
+        if str(path.parent) not in sys.path:
+            sys.path.append(str(path.parent))
+        module = sys.modules.get(path.stem)
+        if module is None:
+            import importlib
+
+            try:
+                module = importlib.import_module(path.stem)
+            except Exception:  # load_tools imports it again and says why, in one line
+                module = None
+        origin = getattr(module, "__file__", None)
+        if module is not None and (not origin or Path(origin).resolve() != path.resolve()):
+            raise UsageError(f"--tools {item!r}: the module name {path.stem!r} is already taken"
+                             f"{f' by {origin}' if origin else ''}; rename the file")
+        names.append(path.stem)
+    return ",".join(names)
+
+
+def _check_tools(value: str) -> tuple[str, list[str]]:
+    """Import the tool modules `value` names, as each worker will; returns the value for the
+    workers (each .py file given by its module name) and the directories they need on their import
+    path for them. UsageError (one line) if any cannot be offered."""
     from worker.targets import load_tools
 
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # a module in the directory serve runs in, as `python -m` would find it
+    given, value = value, _tool_files(value)
     try:
         load_tools(value)
     except ValueError as exc:
-        raise UsageError(f"--tools {value!r}: {exc}") from None
+        raise UsageError(f"--tools {given!r}: {exc}") from None
     roots: list[str] = []
     for name in (n.strip() for n in value.split(",")):
         module = sys.modules.get(name.partition(".")[0]) if name else None
@@ -237,7 +298,7 @@ def _check_tools(value: str) -> list[str]:
         root = str(folder.parent if Path(origin).name == "__init__.py" else folder)
         if root not in roots:
             roots.append(root)
-    return roots
+    return value, roots
 
 
 def _check_http(config: Any, allow_remote: bool) -> None:
@@ -286,7 +347,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     tools = settings.get("tools")
     if tools is None and base_url is None:
         tools = "chaos"  # the built-in demo model looks things up with the chaos tools
-    import_roots = _check_tools(tools) if tools else []
+    tools, import_roots = _check_tools(tools) if tools else (tools, [])
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     os.environ.setdefault("no_proxy", os.environ["NO_PROXY"])
     backoff_base = args.backoff_base if args.backoff_base is not None else 0.25
@@ -308,14 +369,44 @@ def _run_serve(args: argparse.Namespace) -> int:
         return serve(config, json_logs=bool(settings.get("json_logs", False)),
                      log_file=Path(log_file) if log_file is not None else None,
                      log_level=settings.get("log_level", "info"))
-    except AlreadyRunning as exc:
+    except AlreadyRunning as exc:  # a usage error: a restart cannot help (RestartPreventExitStatus=2)
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE
     except HttpStartError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except StorageError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _message(args: argparse.Namespace) -> str:
+    """The user message: TEXT, or the --message-file, or standard input (`-`); never empty."""
+    if args.text is not None and args.message_file is not None:
+        raise UsageError("give the message once: TEXT or --message-file, not both")
+    if args.text is None and args.message_file is None:
+        raise UsageError("no message: give --message-file PATH, - to read standard input, or TEXT")
+    if args.text is not None and args.text != "-":
+        text, what = args.text, "TEXT"
+    elif args.text == "-" or str(args.message_file) == "-":
+        what = "the message on standard input"
+        try:
+            data = sys.stdin.buffer.read() if sys.stdin is not None else b""
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read the message from standard input ({exc})") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    else:
+        what = f"--message-file {args.message_file}"
+        try:
+            text = read_utf8(args.message_file, "--message-file")
+        except UnreadableText as exc:
+            raise UsageError(str(exc)) from None
+    text = text.rstrip("\r\n")  # the newline a file or `echo` ends with is not part of the message
+    if not text.strip():
+        raise UsageError(f"{what} is empty")
+    return text
 
 
 def _run_submit(args: argparse.Namespace) -> int:
@@ -325,10 +416,12 @@ def _run_submit(args: argparse.Namespace) -> int:
     db = _writable_db(args.db)
     if not args.session.strip():
         raise UsageError("--session must not be empty")
-    if not args.text.strip():
-        raise UsageError("TEXT must not be empty")
+    if not args.create and not db.exists():
+        raise UsageError(f"--db {db} does not exist: is it the database the daemon serves? "
+                         "(add --create to make a new one)")
+    text = _message(args)
     try:
-        turn_id, new = inbox.submit(db, args.session, args.text, args.turn_id)
+        turn_id, new = inbox.submit(db, args.session, text, args.turn_id)
     except (StorageError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     if args.json:
@@ -372,10 +465,35 @@ def _print_status(data: dict[str, Any]) -> None:
             print(line)
 
 
+class NotServed(Exception):
+    """`status --wait` timed out: no live daemon served the database."""
+
+
+def _wait_until_served(db: Path, timeout: float) -> None:
+    """Return once a live daemon serves `db` (its status file names a running process that is
+    still that very process); NotServed after `timeout` seconds (0: wait forever)."""
+    from supervisor.daemon import inbox
+
+    if db.is_dir():
+        raise UsageError(f"--db {db} is a directory, not a database file")
+    deadline = time.monotonic() + timeout if timeout > 0 else None
+    while True:
+        view = inbox.daemon_view(db) if db.exists() else None
+        if view is not None and view.get("alive") and view.get("state") == "running":
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            seen = "the database does not exist" if view is None else f"daemon: {view.get('state')}"
+            raise NotServed(f"no live daemon serves {db} after {timeout:g}s ({seen}); is `serve --db {db}` "
+                            "running? its log says why not")
+        time.sleep(0.05)
+
+
 def _run_status(args: argparse.Namespace) -> int:
     from hermes.state import StorageError
     from supervisor.daemon import inbox
 
+    if args.wait:
+        _wait_until_served(args.db, args.timeout)
     db = _existing_db(args.db)
     try:
         data = inbox.snapshot(db, args.session)
@@ -443,6 +561,9 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except NotServed as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_NOT_FINISHED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -453,11 +574,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    return run(args)
+        try:
+            args = build_parser().parse_args(argv)
+        except UsageError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        code = run(args)
+        sys.stdout.flush()  # here, where a reader that left (`status | head`) is caught below
+        return code
+    except BrokenPipeError:
+        return quiet_broken_pipe()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
     model = "some-model"
     api_key_env = "EXAMPLE_API_KEY"        # or: api_key_file = "api.key" (mode 0600)
     system_prompt = "You are terse."       # or: system_prompt_file = "prompt.txt"
-    tools = ["examples.notes_tools"]
+    tools = ["examples.notes_tools"]         # or "a,b"; an entry ending in .py is a file, relative to this one
     workers = 4
     synchronous = "FULL"
     stream = false
@@ -20,7 +20,9 @@
 
 `load(path)` returns the values under the names of the `serve` flags they stand for
 (`tools` joined with commas, paths made absolute); a flag given on the command line wins
-over the file. An unknown key, a value of the wrong type or out of range, or two keys that
+over the file. Every path (db, api_key_file, system_prompt_file, log_file, a tools entry
+that is a .py file) is relative to the directory of the file, never to where the daemon
+was started; `~` is the user's home. An unknown key, a value of the wrong type or out of range, or two keys that
 exclude each other raise ConfigError naming the key.
 """
 from __future__ import annotations
@@ -136,13 +138,30 @@ def _log_level(value: Any) -> str:
     return value.lower()
 
 
-def _tools(value: Any) -> str:
-    if not isinstance(value, list):
-        raise ValueError(f"must be a list of toolset or module names, like [\"examples.notes_tools\"], not {value!r}")
-    for item in value:
-        if not isinstance(item, str) or not _MODULE_NAME.fullmatch(item):
-            raise ValueError(f"{item!r} is not a toolset or module name")
-    return ",".join(value)
+def is_tool_path(item: str) -> bool:
+    """A `tools` entry naming a module by its file (`my_tools.py`, `agent/tools.py`), not by name."""
+    return item.strip().endswith(".py")
+
+
+def _tools(base: Path) -> Callable[[Any], str]:
+    """A string ("chaos,examples.notes_tools") or a list of toolset names, module names, or paths
+    of .py files (relative to the config file); returned comma-joined, each path made absolute."""
+    def check(value: Any) -> str:
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, list) or not value:
+            raise ValueError("must be a list (or a comma-separated string) of toolset or module names or .py "
+                             f"files, like [\"examples.notes_tools\", \"my_tools.py\"], not {value!r}")
+        out = []
+        for item in value:
+            if isinstance(item, str) and is_tool_path(item) and "," not in item:
+                out.append(str(base / Path(item.strip()).expanduser()))
+            elif isinstance(item, str) and _MODULE_NAME.fullmatch(item.strip()):
+                out.append(item.strip())
+            else:
+                raise ValueError(f"{item!r} is not a toolset or module name, nor the path of a .py file")
+        return ",".join(out)
+    return check
 
 
 def http_address(value: Any) -> str:
@@ -174,7 +193,7 @@ def _keys(base: Path) -> dict[str, tuple[str, Callable[[Any], Any]]]:
         "api_key_file": ("api_key_file", path),
         "system_prompt": ("system_prompt", _any_text),
         "system_prompt_file": ("system_prompt_file", path),
-        "tools": ("tools", _tools),
+        "tools": ("tools", _tools(base)),
         "workers": ("workers", _whole(1)),
         "synchronous": ("synchronous", _synchronous),
         "stream": ("stream", _bool),

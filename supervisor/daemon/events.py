@@ -123,11 +123,13 @@ class SessionFeed:
     thread at a time; each `poll` is one read transaction on it.
     """
 
-    def __init__(self, conn: sqlite3.Connection, session: str, after: int = 0, *, batch: int = 500) -> None:
-        self.conn = conn
+    def __init__(self, conn: sqlite3.Connection | None, session: str, after: int = 0, *, batch: int = 500,
+                 max_bytes: int | None = None) -> None:
+        self.conn = conn                     # None: each `poll` is given the connection to read through
         self.session = session
         self.cursor = max(0, int(after))     # the last event id delivered
         self.batch = max(2, batch)           # rows read per poll (the first may be the one the cursor is in)
+        self.max_bytes = max_bytes           # about the most content a poll reads (None: no bound but `batch`)
         self.watermark = 0                   # every turn with rowid <= this ended and its end was delivered
         self.loaded = False
         self.anchors: dict[int, int] = {}    # turn rowid -> the anchor of its end (ended turns)
@@ -143,19 +145,45 @@ class SessionFeed:
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, r)) for r in cursor.fetchall()]
 
-    def poll(self) -> list[Event]:
-        """The next events (at most about one batch of rows' worth), in id order; [] if none yet."""
+    def poll(self, conn: sqlite3.Connection | None = None) -> list[Event]:
+        """The next events (at most about one batch of rows' worth), in id order; [] if none yet.
+
+        `conn`: read through this connection from now on (a feed polled from a pool of reader
+        threads, each with its own connection). One poll at a time per feed."""
+        if conn is not None:
+            self.conn = conn
         return retry_on_busy(self._poll, budget_s=5.0)
+
+    def _batch(self) -> tuple[list[dict[str, Any]], bool]:
+        """The rows of this poll, and whether rows after them exist. Stepped one row at a time: past
+        `batch` rows, or `max_bytes` of content (after at least two rows, the first maybe the cursor's),
+        the next row read only says that there is more."""
+        assert self.conn is not None
+        cursor = self.conn.execute(
+            "SELECT id, turn_id, role, content, content_kind, tool_calls, tool_call_id, name FROM messages "
+            "WHERE session_id = ? AND active IN (0, 1) AND cloned_from IS NULL AND id >= ? ORDER BY id LIMIT ?",
+            (self.session, self.cursor // ROW_SPAN, self.batch + 1))
+        names = [d[0] for d in cursor.description]
+        rows: list[dict[str, Any]] = []
+        size = 0
+        try:
+            for values in cursor:
+                if len(rows) >= self.batch or (self.max_bytes is not None and len(rows) >= 2
+                                               and size >= self.max_bytes):
+                    return rows, True
+                row = dict(zip(names, values))
+                rows.append(row)
+                size += len(row["content"] or "") + len(row["tool_calls"] or "")
+        finally:
+            cursor.close()
+        return rows, False
 
     def _poll(self) -> list[Event]:
         self.conn.execute("BEGIN")
         try:
             if not self.loaded:
                 self._load()
-            rows = self._rows(
-                "SELECT id, turn_id, role, content, content_kind, tool_calls, tool_call_id, name FROM messages "
-                "WHERE session_id = ? AND active IN (0, 1) AND cloned_from IS NULL AND id >= ? ORDER BY id LIMIT ?",
-                (self.session, self.cursor // ROW_SPAN, self.batch + 1))
+            rows, more = self._batch()
             turns = self._rows("SELECT rowid AS seq, id, state, error FROM turns WHERE session_id = ? AND state IN "
                                "('queued', 'running', 'done', 'failed') AND rowid > ? ORDER BY rowid",
                                (self.session, self.watermark))
@@ -165,8 +193,6 @@ class SessionFeed:
         finally:
             self.conn.execute("COMMIT")
         open_turns = {t["id"] for t in turns if t["state"] not in ENDED}
-        more = len(rows) > self.batch  # rows after this batch exist
-        rows = rows[: self.batch]
         limit = None  # events from this id on must wait
         if more:
             limit = (rows[-1]["id"] + 1) * ROW_SPAN  # an end anchored past this batch waits for the next

@@ -2,6 +2,11 @@
 thread of the daemon process.
 
     POST /v1/sessions/{session}/turns   {"message": ..., "turn_id"?: ...}  -> 202 {"turn_id", ...}
+    GET  /v1/sessions/{session}/turns   -> {"session", "turns": [{"turn_id", "seq", "state", "created_at",
+                                            "started_at", "ended_at", "attempts", "error"}], "next"}
+                                           in submission order, at most ?limit=N (1..1000, default 1000)
+                                           after ?after=SEQ; "next" is the SEQ to ask after for more (or null);
+                                           404 for a session that has no turn
     GET  /v1/turns/{turn_id}            -> {"turn_id", "session", "state", "answer", "error"}
     POST /v1/turns/{turn_id}/cancel     -> 202 (cancelling), 404 (unknown), 409 (already ended)
     GET  /v1/sessions/{session}/events  -> text/event-stream from `Last-Event-ID` (or ?after=N)
@@ -9,11 +14,34 @@ thread of the daemon process.
     GET  /healthz                       -> liveness, the one request without a token
 
 Every other request carries ``Authorization: Bearer <token>``, the token kept in
-``<db>.token`` (created 0600 at the first start with HTTP, reused after). Reads go through
-read-only connections of this thread; writes take the daemon's own paths: a turn is queued
-by `inbox.submit` (the `submit` command's transaction), a cancel is carried out by the
-daemon's loop (`Daemon.request_cancel`). The event stream is `supervisor.daemon.events`:
-only what is durable, woken by `PRAGMA data_version` (polled every `POLL_SECONDS`).
+``<db>.token`` (created 0600 at the first start with HTTP, reused after). The token is checked
+in front of the router, for every path but `OPEN_PATHS` (a route added later is guarded
+without asking). Reads go through read-only connections of a small pool of reader threads
+(`DB_READERS`), never on the event loop; a turn lookup reads that turn's rows only. Writes
+take the daemon's own paths: a turn is queued by `inbox.submit` (the `submit` command's
+transaction), a cancel is carried out by the daemon's loop (`Daemon.request_cancel`). The
+event stream is `supervisor.daemon.events`: only what is durable, woken by `PRAGMA
+data_version` (polled every `POLL_SECONDS`).
+
+Hostile clients cost bounded resources:
+
+* a request's head must arrive within `HEAD_SECONDS` (at most `MAX_HEAD` bytes), its body
+  within `BODY_SECONDS` after it (at most `MAX_BODY` bytes, JSON); an idle keep-alive
+  connection is closed after `KEEPALIVE_IDLE_SECONDS`;
+* connections are capped (`fd_limits`: from RLIMIT_NOFILE, keeping descriptors for the
+  daemon's workers and databases). Past the cap the oldest connection that has not sent a
+  whole request head is closed for the new one; when none can be, the new one is answered
+  503 with Retry-After (and beyond `REJECT_SLACK` more, closed at once). Event streams are
+  capped too (503 with Retry-After past it);
+* an event stream reads about `STREAM_BATCH_BYTES` of rows at a time and waits for its client
+  to take what it was sent (backpressure), so a client that never reads holds a bounded buffer
+  (`StreamState.held` and the transport's buffer: about a poll's rows and a chunk);
+* a malformed request is a 4xx; one answered before its body was read whole (too large, not JSON, no
+  token) has its connection half-closed after the answer, the rest of its body discarded for at most
+  `LINGER_SECONDS` (so the client reads the answer, then the end of the connection, at once);
+  a client hanging up is not an error; errors the loop meets
+  accepting connections (EMFILE) and the server's warnings are logged at a bounded rate;
+* on shutdown the event streams end at once (a stream whose client does not read is cut).
 
 uvicorn runs with its signal handling off, so SIGTERM stays the daemon's: the daemon stops
 this server when its drain begins, and joins it on shutdown.
@@ -22,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import importlib
 import ipaddress
@@ -34,12 +63,15 @@ import socket
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from hermes.ids import validate_session_id
 from hermes.private_files import replace_file_durably
-from hermes.state import SessionDB, StorageError, connect_readonly
+from hermes.state import StorageError, connect_readonly
+from hermes.transcript import is_final_answer
 from supervisor.daemon import inbox
 from supervisor.daemon.events import SessionFeed
 from supervisor.daemon.log import info, log, warn
@@ -56,6 +88,26 @@ POLL_SECONDS = 0.02          # how often the database's data_version is looked a
 KEEPALIVE_SECONDS = 15.0     # a comment line on an idle event stream
 MAX_BODY = 1 << 20           # bytes of a request body
 CANCEL_TIMEOUT = 30.0        # seconds the daemon's loop has to take a cancel request
+OPEN_PATHS = frozenset({"/healthz"})  # the only paths served without the token
+HEAD_SECONDS = 10.0          # a request's line and headers must arrive within this (else 408 / closed)
+BODY_SECONDS = 30.0          # and its body within this after its head (else closed)
+KEEPALIVE_IDLE_SECONDS = 5   # an idle keep-alive connection is closed after this (uvicorn's timeout_keep_alive)
+MAX_HEAD = 16 * 1024         # bytes of a request's line and headers (h11's max_incomplete_event_size)
+RESERVED_FDS = 128           # descriptors kept for the daemon itself: databases, logs, status files, pipes
+FDS_PER_WORKER = 16          # and per worker (its pipes, its pid fd, the files it is started with)
+MAX_CONNECTIONS = 4096       # the connection cap, whatever RLIMIT_NOFILE would allow
+MAX_STREAMS = 64             # event streams at once (each holds up to about STREAM_BATCH_BYTES + 2 rows)
+REJECT_SLACK = 32            # connections past the cap answered 503; past this many more, closed at once
+REJECT_SECONDS = 2.0         # a connection past the cap that sends no request is closed after this
+RETRY_AFTER = 2              # seconds, in the Retry-After of a 503
+STREAM_BATCH_BYTES = 256 * 1024  # content read per poll of an event stream (at least two rows)
+STREAM_CHUNK = 64 * 1024     # an event stream writes at most about this much before waiting for its client
+LINGER_SECONDS = 2.0         # a request answered before its body was read: the rest of it is discarded this long
+STOP_GRACE = 0.3             # seconds the requests still open at shutdown have before they are cut
+DB_READERS = 2               # reader threads (each with its read-only connection)
+LOG_EVERY = 10.0             # seconds between two log lines of one kind of refused connection or error
+TURN_LIST_LIMIT = 1000       # turns per GET /v1/sessions/{session}/turns
+_DIGITS = re.compile(r"[0-9]{1,18}")
 _TURN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{32,256}")
 
@@ -147,10 +199,96 @@ class HttpStartError(Exception):
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
+
+
+def fd_limits(soft_nofile: int, workers: int) -> tuple[int, int]:
+    """(connection cap, event stream cap) for a process allowed `soft_nofile` descriptors with
+    `workers` workers: what is left once the daemon's own and its workers' are set aside, and the
+    connections past the cap that are answered 503 before being closed."""
+    budget = soft_nofile - RESERVED_FDS - FDS_PER_WORKER * max(1, workers) - REJECT_SLACK
+    connections = max(8, min(MAX_CONNECTIONS, budget))
+    return connections, max(2, min(MAX_STREAMS, connections // 4))
+
+
+def nofile_limit() -> int:
+    """This process's soft RLIMIT_NOFILE (a large stand-in where there is none)."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1 << 16
+    return soft if soft != getattr(resource, "RLIM_INFINITY", -1) and soft > 0 else 1 << 16
+
+
+class RateLog:
+    """One warning line per kind at most every `every` seconds, saying how many were not logged
+    since: a client (or a descriptor shortage) that makes the same error a thousand times a second
+    makes one line, not a thousand tracebacks."""
+
+    def __init__(self, every: float = LOG_EVERY, clock: Callable[[], float] = time.monotonic,
+                 emit: Callable[..., None] | None = None) -> None:
+        self.every = every
+        self.clock = clock
+        self.emit = emit or warn
+        self.last: dict[str, float] = {}
+        self.skipped: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+
+    def note(self, kind: str, message: str, **fields: Any) -> bool:
+        """Count one `kind`; log it unless one was logged less than `every` ago. True when logged."""
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        now = self.clock()
+        last = self.last.get(kind)
+        if last is not None and now - last < self.every:
+            self.skipped[kind] = self.skipped.get(kind, 0) + 1
+            return False
+        self.last[kind] = now
+        skipped = self.skipped.pop(kind, 0)
+        if skipped:
+            fields["not_logged_since"] = skipped
+        self.emit(message, **fields)
+        return True
+
+
+class _RateFilter(logging.Filter):
+    """uvicorn's warnings ("Invalid HTTP request received.", ...) through a RateLog, by message."""
+
+    def __init__(self, rate: RateLog) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.exc_info:
+            return True  # an error in the app itself: a bug to see in full
+        kind = f"uvicorn:{record.getMessage()[:80]}"
+        self.rate.counts[kind] = self.rate.counts.get(kind, 0) + 1
+        now = self.rate.clock()
+        last = self.rate.last.get(kind)
+        if last is not None and now - last < self.rate.every:
+            return False
+        self.rate.last[kind] = now
+        return True
+
+
+class StreamState:
+    """What one event stream holds (the server's loop only): `held`, the characters of the events it
+    read from the database and has not yet handed to the transport; `waiting`, whether it waits on
+    uvicorn to take a chunk (which waits for the client while the transport's buffer is full);
+    `sent`, the characters handed over so far."""
+
+    __slots__ = ("feed", "held", "waiting", "sent")
+
+    def __init__(self, feed: SessionFeed) -> None:
+        self.feed = feed
+        self.held = 0
+        self.waiting = False
+        self.sent = 0
 
 
 class Changes:
@@ -239,10 +377,21 @@ class HttpApi:
         self.failed: BaseException | None = None
         self.stopping = False
         self.streams = 0
+        self.stream_states: set[StreamState] = set()  # the open event streams (the server's loop only)
         self.changes: Changes | None = None
-        self.conn: sqlite3.Connection | None = None   # the feed's and the metrics' reads (this thread only)
-        self.db: SessionDB | None = None              # turn lookups (this thread only)
+        self.conn: sqlite3.Connection | None = None   # the watcher's reads (its own thread)
         self.registry: Any = None
+        workers = getattr(getattr(daemon, "config", None), "workers", 4)
+        self.max_connections, self.max_streams = fd_limits(nofile_limit(), int(workers or 1))
+        self.head_seconds, self.body_seconds, self.reject_seconds = HEAD_SECONDS, BODY_SECONDS, REJECT_SECONDS
+        self.protocols: set[Any] = set()                          # open connections (the server's loop only)
+        self.heads: OrderedDict[Any, None] = OrderedDict()        # those waiting for a request head, oldest first
+        self.rate = RateLog()
+        self.readers: ThreadPoolExecutor | None = None            # database reads, off the event loop
+        self.watching: ThreadPoolExecutor | None = None           # the watcher's reads
+        self._local = threading.local()
+        self._reader_conns: list[sqlite3.Connection] = []
+        self._reader_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
     def start(self, timeout: float = 30.0) -> str:
@@ -255,12 +404,18 @@ class HttpApi:
         bound = sock.getsockname()
         self.url = f"http://{'[' + self.host + ']' if family == socket.AF_INET6 else self.host}:{bound[1]}"
         config = uvicorn.Config(self.app(), lifespan="on", log_config=None, log_level="warning", access_log=False,
-                                http="h11", ws="none", loop="asyncio", timeout_graceful_shutdown=5,
-                                timeout_keep_alive=30)
+                                http=_protocol_class(self), ws="none", loop="asyncio", timeout_graceful_shutdown=5,
+                                timeout_keep_alive=KEEPALIVE_IDLE_SECONDS, h11_max_incomplete_event_size=MAX_HEAD,
+                                # a backstop: connections never reach it (see `admit`); requests in flight may
+                                limit_concurrency=self.max_connections + REJECT_SLACK + 1)
         self.server = _quiet_server(config)
         uvicorn_log = logging.getLogger("uvicorn")  # its warnings and errors go where the daemon's log goes
         uvicorn_log.handlers[:] = list(log.handlers)
         uvicorn_log.propagate = False
+        errors = logging.getLogger("uvicorn.error")  # "Invalid HTTP request received." once per LOG_EVERY, not per request
+        for old in [f for f in errors.filters if isinstance(f, _RateFilter)]:
+            errors.removeFilter(old)
+        errors.addFilter(_RateFilter(self.rate))
         self.thread = threading.Thread(target=self._run, args=(sock,), name="http-api", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -285,10 +440,25 @@ class HttpApi:
         self.stopping = True
         if self.server is not None:
             self.server.should_exit = True
-        loop, changes = self.loop, self.changes
-        if loop is not None and changes is not None:
+        loop = self.loop
+        if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop already closed
-                loop.call_soon_threadsafe(changes.bump)
+                loop.call_soon_threadsafe(self._on_stop)
+
+    def _on_stop(self) -> None:
+        """(The loop.) Wake every stream (it ends), cut at once the connections that would hold the
+        shutdown up (a stream whose client does not read, a request head or body still coming), and
+        whatever is still open after STOP_GRACE."""
+        if self.changes is not None:
+            self.changes.bump()
+        for proto in list(self.protocols):
+            if proto.guard_phase is not None or proto.rejected or proto.lingering or proto.flow.write_paused:
+                proto.transport.abort()
+        asyncio.get_running_loop().call_later(STOP_GRACE, self._cut_all)
+
+    def _cut_all(self) -> None:
+        for proto in list(self.protocols):
+            proto.transport.abort()
 
     def stop(self, timeout: float = 10.0) -> None:
         self.begin_stop()
@@ -303,9 +473,11 @@ class HttpApi:
         from supervisor.daemon.metrics import build_registry
 
         self.loop = asyncio.get_running_loop()
+        self.loop.set_exception_handler(self._loop_exception)
         self.changes = Changes()
         self.conn = connect_readonly(self.db_path)
-        self.db = SessionDB(self.db_path, readonly=True)
+        self.readers = ThreadPoolExecutor(DB_READERS, thread_name_prefix="http-db")
+        self.watching = ThreadPoolExecutor(1, thread_name_prefix="http-watch")
         self.registry = build_registry(self._turn_counts, self.daemon, lambda: self.streams)
         watcher = asyncio.create_task(self._watch())
         self.ready.set()
@@ -315,65 +487,130 @@ class HttpApi:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            self.watching.shutdown(wait=True)  # a read in flight ends before its connection closes
+            self.readers.shutdown(wait=True, cancel_futures=True)
             self.conn.close()
-            self.db.close()
+            with self._reader_lock:
+                conns, self._reader_conns = self._reader_conns, []
+            for conn in conns:
+                conn.close()
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """Accept errors (EMFILE and the like: asyncio retries a second later) as one line per LOG_EVERY,
+        not a traceback per try; anything else as asyncio would."""
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            self.rate.note("accept", "the HTTP API could not accept a connection; it tries again in a second",
+                           error=str(exc), connections=len(self.protocols))
+            return
+        loop.default_exception_handler(context)
+
+    def admit(self, proto: Any) -> str:
+        """(The loop.) A new connection: "ok", "reject" (answered 503) or "drop" (closed at once).
+
+        Past the cap, the oldest connection that has not sent a whole request head makes room."""
+        if len(self.protocols) <= self.max_connections:
+            return "ok"
+        while self.heads:
+            victim, _ = self.heads.popitem(last=False)
+            if victim is not proto and not victim.transport.is_closing():
+                victim.set_phase(None)
+                victim.transport.close()
+                self.rate.note("evicted", "HTTP API at its connection cap: closed the oldest connection that had "
+                               "sent no request", cap=self.max_connections)
+                return "ok"
+        if len(self.protocols) <= self.max_connections + REJECT_SLACK:
+            self.rate.note("rejected", "HTTP API at its connection cap: answering 503", cap=self.max_connections)
+            return "reject"
+        self.rate.note("dropped", "HTTP API past its connection cap: closing new connections at once",
+                       cap=self.max_connections)
+        return "drop"
 
     async def _watch(self) -> None:
         """Wake the streams of the sessions that changed whenever another connection committed
-        (`PRAGMA data_version` changed)."""
+        (`PRAGMA data_version` changed). The reads run in a thread of their own."""
         assert self.conn is not None and self.changes is not None
         watcher = Watcher(self.conn)
-        version = None
+        seen: list[Any] = [None]  # the data_version last looked at
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                now = self.conn.execute("PRAGMA data_version").fetchone()[0]
-                if now != version:
-                    version = now
-                    self.changes.bump(watcher.look(self.changes.sessions()))
+                changed = await loop.run_in_executor(self.watching, _look, watcher, seen, self.changes.sessions())
+                if changed is not _SAME:
+                    self.changes.bump(changed)
             except sqlite3.Error as exc:
                 warn("the HTTP API could not look for changes; waking every stream", error=str(exc))
-                version = None
+                seen[0] = None
                 self.changes.bump()
             await asyncio.sleep(POLL_SECONDS)
 
+    def _reader_conn(self) -> sqlite3.Connection:
+        """(A reader thread.) Its read-only connection, opened at its first read."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect_readonly(self.db_path)
+            self._local.conn = conn
+            with self._reader_lock:
+                self._reader_conns.append(conn)
+        return conn
+
+    async def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(conn, *args)` in a reader thread, through that thread's read-only connection."""
+        assert self.readers is not None
+        return await asyncio.get_running_loop().run_in_executor(
+            self.readers, lambda: fn(self._reader_conn(), *args))
+
     def _turn_counts(self) -> dict[str, int]:
-        assert self.conn is not None
-        return dict(self.conn.execute("SELECT state, count(*) FROM turns GROUP BY state").fetchall())
+        """(A reader thread: the registry is collected in one, see `metrics`.)"""
+        return dict(self._reader_conn().execute("SELECT state, count(*) FROM turns GROUP BY state").fetchall())
 
     # ------------------------------------------------------------------ app
     def app(self) -> Any:
         from starlette.applications import Starlette
+        from starlette.middleware import Middleware
         from starlette.routing import Route
 
         routes = [
-            Route("/healthz", self.healthz, methods=["GET"]),
-            Route("/metrics", self._guarded(self.metrics), methods=["GET"]),
-            Route("/v1/sessions/{session}/turns", self._guarded(self.submit), methods=["POST"]),
-            Route("/v1/sessions/{session}/events", self._guarded(self.events), methods=["GET"]),
-            Route("/v1/turns/{turn_id}", self._guarded(self.turn), methods=["GET"]),
-            Route("/v1/turns/{turn_id}/cancel", self._guarded(self.cancel), methods=["POST"]),
+            Route("/healthz", self._handled(self.healthz), methods=["GET"]),
+            Route("/metrics", self._handled(self.metrics), methods=["GET"]),
+            Route("/v1/sessions/{session}/turns", self._handled(self.submit), methods=["POST"]),
+            Route("/v1/sessions/{session}/turns", self._handled(self.session_turns), methods=["GET"]),
+            Route("/v1/sessions/{session}/events", self._handled(self.events), methods=["GET"]),
+            Route("/v1/turns/{turn_id}", self._handled(self.turn), methods=["GET"]),
+            Route("/v1/turns/{turn_id}/cancel", self._handled(self.cancel), methods=["POST"]),
         ]
-        return Starlette(routes=routes, lifespan=self._lifespan)
+        # The token is checked in front of the router: every path (a route added later, an unknown
+        # one) needs it but OPEN_PATHS.
+        return Starlette(routes=routes, lifespan=self._lifespan, middleware=[Middleware(_Auth, api=self)])
 
-    def _guarded(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-        async def guarded(request: Request) -> Response:
+    def _handled(self, handler: Callable[[Request], Awaitable[Any]]) -> Callable[[Request], Awaitable[Any]]:
+        async def handled(request: Request) -> Any:
+            from starlette.requests import ClientDisconnect
+            from starlette.responses import Response
+
             try:
-                self._authorize(request)
                 return await handler(request)
             except ApiError as exc:
-                headers = {"WWW-Authenticate": 'Bearer realm="hermes"'} if exc.status == 401 else None
-                return _json({"error": exc.message}, exc.status, headers)
+                headers = dict(exc.headers or {})
+                if exc.status == 401:
+                    headers["WWW-Authenticate"] = 'Bearer realm="hermes"'
+                return _json({"error": exc.message}, exc.status, headers or None)
+            except ClientDisconnect:  # the client hung up (or was cut at BODY_SECONDS): nobody to answer
+                return Response(status_code=400)
             except (StorageError, sqlite3.Error, OSError) as exc:
                 warn("HTTP API request failed", path=request.url.path, error=str(exc))
-                return _json({"error": f"the database could not be read or written: {exc}"}, 503)
-        return guarded
+                return _json({"error": f"the database could not be read or written: {exc}"}, 503,
+                             {"Retry-After": str(RETRY_AFTER)})
+        return handled
 
-    def _authorize(self, request: Request) -> None:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    def refusal(self, authorization: str) -> str | None:
+        """Why a request with this Authorization header is refused (None: it is not)."""
+        scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            raise ApiError(401, "missing Authorization: Bearer <token> (the token is in the database's .token file)")
+            return "missing Authorization: Bearer <token> (the token is in the database's .token file)"
         if not hmac.compare_digest(given.strip().encode("utf-8", "replace"), self.token.encode("ascii")):
-            raise ApiError(401, "wrong token")
+            return "wrong token"
+        return None
 
     async def healthz(self, _request: Request) -> Response:
         return _json({"status": "ok"})
@@ -382,7 +619,8 @@ class HttpApi:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
         from starlette.responses import Response
 
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+        text = await self._read(lambda _conn: generate_latest(self.registry))
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     async def submit(self, request: Request) -> Response:
         from starlette.concurrency import run_in_threadpool
@@ -402,15 +640,24 @@ class HttpApi:
         self.daemon.wake()
         return _json({"turn_id": turn_id, "session": session, "queued": new}, 202)
 
+    async def session_turns(self, request: Request) -> Response:
+        session = check_session(request.path_params["session"])
+        after = _number(request, "after", 0)
+        limit = _number(request, "limit", TURN_LIST_LIMIT)
+        if not 1 <= limit <= TURN_LIST_LIMIT:
+            raise ApiError(400, f"limit must be from 1 to {TURN_LIST_LIMIT}")
+        found = await self._read(list_turns, session, after, limit)
+        if found is None:
+            raise ApiError(404, f"session {session!r} has no turn")
+        turns, more = found
+        return _json({"session": session, "turns": turns, "next": turns[-1]["seq"] if more else None})
+
     async def turn(self, request: Request) -> Response:
         turn_id = check_turn_id(request.path_params["turn_id"])
-        assert self.db is not None
-        turn = self.db.get_turn(turn_id)
-        if turn is None:
+        view = await self._read(turn_view, turn_id)
+        if view is None:
             raise ApiError(404, f"no turn {turn_id!r}")
-        answer = inbox.final_answer(self.db, turn) if turn["state"] == "done" else None
-        return _json({"turn_id": turn["id"], "session": turn["session_id"], "state": turn["state"],
-                      "answer": answer, "error": turn["error"]})
+        return _json(view)
 
     async def cancel(self, request: Request) -> Response:
         turn_id = check_turn_id(request.path_params["turn_id"])
@@ -418,7 +665,8 @@ class HttpApi:
             future = self.daemon.request_cancel(turn_id)
             result = await asyncio.wait_for(asyncio.wrap_future(future), CANCEL_TIMEOUT)
         except (TimeoutError, RuntimeError) as exc:
-            raise ApiError(503, f"the daemon could not take the cancel now ({exc or 'timed out'}); try again")
+            raise ApiError(503, f"the daemon could not take the cancel now ({exc or 'timed out'}); try again",
+                           {"Retry-After": str(RETRY_AFTER)}) from None
         if not result["found"]:
             raise ApiError(404, f"no turn {turn_id!r}")
         out = {"turn_id": turn_id, "session": result["session"], "state": result["state"], "error": result["error"]}
@@ -426,50 +674,291 @@ class HttpApi:
             return _json({**out, "message": f"the turn already ended ({result['state']})"}, 409)
         return _json({**out, "cancelling": True}, 202)
 
-    async def events(self, request: Request) -> Response:
+    async def events(self, request: Request) -> Any:
         from starlette.responses import StreamingResponse
 
         session = check_session(request.path_params["session"])
         after = _after(request)
-        assert self.conn is not None
-        feed = SessionFeed(self.conn, session, after)
-        return StreamingResponse(self._stream(feed), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        retry = {"Retry-After": str(RETRY_AFTER)}
+        if self.stopping:
+            raise ApiError(503, "the daemon is stopping; resume the stream from the next one", retry)
+        if self.streams >= self.max_streams:
+            self.rate.note("streams", "HTTP API at its event stream cap: answering 503", cap=self.max_streams)
+            raise ApiError(503, f"{self.max_streams} event streams are open, the most this daemon serves; "
+                                "try again", retry)
+        feed = SessionFeed(None, session, after, max_bytes=STREAM_BATCH_BYTES)
+        state = StreamState(feed)
+        response = StreamingResponse(self._stream(feed, state), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.streams += 1  # counted from here: starlette calls what is returned, at once
+        self.stream_states.add(state)
 
-    async def _stream(self, feed: SessionFeed) -> AsyncIterator[str]:
+        async def counted(scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await response(scope, receive, send)
+            finally:
+                self.streams -= 1
+                self.stream_states.discard(state)
+        return counted
+
+    async def _stream(self, feed: SessionFeed, state: StreamState | None = None) -> AsyncIterator[str]:
+        """The stream's events, a chunk at a time. A `yield` hands a chunk to uvicorn, which writes
+        it once the transport's buffer is below its high-water mark (it waits for the client to take
+        the one before), so a client that does not read holds one poll's rows (`STREAM_BATCH_BYTES`,
+        at least two rows: `state.held`) and about a chunk in the transport, never more."""
         assert self.changes is not None
-        self.streams += 1
-        try:
-            yield ": stream of durable events\nretry: 1000\n\n"
-            quiet_since = time.monotonic()
-            while not self.stopping:
-                # Taken before reading: a commit after the read wakes us. A stream holding a blank row
-                # back waits on any change (the row may be filled in place, which adds no row).
-                session_changed, any_change = self.changes.current(feed.session), self.changes.current(Changes.ANY)
-                try:
-                    batch = feed.poll()
-                except (sqlite3.Error, StorageError) as exc:
-                    warn("an event stream could not read the database; closing it", session=feed.session,
-                         error=str(exc))
+        state = state if state is not None else StreamState(feed)
+        yield ": stream of durable events\nretry: 1000\n\n"
+        quiet_since = time.monotonic()
+        while not self.stopping:
+            # Taken before reading: a commit after the read wakes us. A stream holding a blank row
+            # back waits on any change (the row may be filled in place, which adds no row).
+            session_changed, any_change = self.changes.current(feed.session), self.changes.current(Changes.ANY)
+            try:
+                batch = await self._read(_poll, feed)
+            except (sqlite3.Error, StorageError) as exc:
+                warn("an event stream could not read the database; closing it", session=feed.session,
+                     error=str(exc))
+                return
+            if batch:
+                if self.daemon.config.synchronous != "FULL":
+                    # Below FULL a commit is visible before it is durable; what a client receives
+                    # must never be taken back by a power cut, so the WAL holding it is synced first.
+                    await asyncio.to_thread(sync_wal, self.daemon.db_path)
+                texts: list[str | None] = []
+                for index, event in enumerate(batch):
+                    text = event.encode()
+                    batch[index] = None  # type: ignore[call-overload]  (held once, as text)
+                    texts.append(text)
+                    state.held += len(text)
+                del batch
+                chunk: list[str] = []
+                size = 0
+                for index in range(len(texts)):
+                    text, texts[index] = texts[index], None
+                    chunk.append(text)  # type: ignore[arg-type]
+                    size += len(text)  # type: ignore[arg-type]
+                    if size >= STREAM_CHUNK or index == len(texts) - 1:
+                        out, chunk = "".join(chunk), []
+                        state.waiting = True
+                        yield out
+                        state.waiting = False
+                        state.held -= size
+                        state.sent += size
+                        del out
+                        size = 0
+                quiet_since = time.monotonic()
+                continue
+            idle = time.monotonic() - quiet_since
+            if idle >= KEEPALIVE_SECONDS:
+                yield ": keep-alive\n\n"
+                quiet_since = time.monotonic()
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for((any_change if feed.held else session_changed).wait(),
+                                       KEEPALIVE_SECONDS - idle)
+
+
+_SAME = object()  # the watcher's look: nothing was committed since the last
+
+
+def _look(watcher: Watcher, seen: list[Any], sessions: list[str]) -> Any:
+    """(The watcher's thread.) The sessions changed since the last look (None: maybe all), or _SAME."""
+    now = watcher.conn.execute("PRAGMA data_version").fetchone()[0]
+    if now == seen[0]:
+        return _SAME
+    seen[0] = now
+    return watcher.look(sessions)
+
+
+def _poll(conn: sqlite3.Connection, feed: SessionFeed) -> list[Any]:
+    return feed.poll(conn)
+
+
+def turn_view(conn: sqlite3.Connection, turn_id: str) -> dict[str, Any] | None:
+    """GET /v1/turns/{id}: the turn's row and, once done, its final answer (its last original
+    assistant row with text and no tool calls), reading that turn's rows only. Its session's
+    other rows are passed over by their (small) leading columns; their contents are never read."""
+    conn.execute("BEGIN")
+    try:
+        row = conn.execute("SELECT id, session_id, state, error FROM turns WHERE id = ?", (turn_id,)).fetchone()
+        if row is None:
+            return None
+        answer = None
+        if row[2] == "done":
+            ids = [r[0] for r in conn.execute(
+                "SELECT id FROM messages WHERE session_id = ? AND turn_id = ? AND role = 'assistant' "
+                "ORDER BY id DESC", (row[1], turn_id)).fetchall()]
+            for message_id in ids:
+                content, kind, calls, cloned = conn.execute(
+                    "SELECT content, content_kind, tool_calls, cloned_from FROM messages WHERE id = ?",
+                    (message_id,)).fetchone()
+                if cloned is not None:
+                    continue
+                message = {"role": "assistant", "content": _content(content, kind),
+                           "tool_calls": json.loads(calls) if calls else None}
+                if is_final_answer(message):
+                    answer = message["content"]
+                    break
+    finally:
+        conn.execute("COMMIT")
+    return {"turn_id": row[0], "session": row[1], "state": row[2], "answer": answer, "error": row[3]}
+
+
+def _content(text: str | None, kind: str) -> Any:
+    if text is None or kind == "text":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def list_turns(conn: sqlite3.Connection, session: str, after: int, limit: int
+               ) -> tuple[list[dict[str, Any]], bool] | None:
+    """A session's turns after `after` (their rowid, "seq"), in submission order: (at most `limit`,
+    whether there are more), or None when the session has no turn at all."""
+    conn.execute("BEGIN")
+    try:
+        rows = conn.execute(
+            "SELECT rowid, id, state, created_at, started_at, ended_at, attempts, error FROM turns "
+            "WHERE session_id = ? AND rowid > ? ORDER BY rowid LIMIT ?", (session, after, limit + 1)).fetchall()
+        if not rows and conn.execute("SELECT 1 FROM turns WHERE session_id = ? LIMIT 1", (session,)).fetchone() is None:
+            return None
+    finally:
+        conn.execute("COMMIT")
+    names = ("seq", "turn_id", "state", "created_at", "started_at", "ended_at", "attempts", "error")
+    return [dict(zip(names, r)) for r in rows[:limit]], len(rows) > limit
+
+
+class _Auth:
+    """ASGI middleware: every request but those of OPEN_PATHS needs the token (401 otherwise)."""
+
+    def __init__(self, app: Any, api: HttpApi) -> None:
+        self.app = app
+        self.api = api
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            authorization = ""
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value.decode("latin-1")
+                    break
+            problem = self.api.refusal(authorization)
+            if problem is not None:
+                response = _json({"error": problem}, 401, {"WWW-Authenticate": 'Bearer realm="hermes"'})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _protocol_class(api: HttpApi) -> type:
+    """uvicorn's h11 protocol with the read timeouts and the connection cap of `api` (see the module doc)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    body = json.dumps({"error": "too many connections; try again"}).encode()
+    busy = (f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: {RETRY_AFTER}\r\n"
+            f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
+    late = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    too_large = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+    class GuardedH11(H11Protocol):
+        guard_phase: str | None = None  # "head": a request head is due; "body": its body; None: neither
+        guard_timer: asyncio.TimerHandle | None = None
+        rejected = False
+        lingering = False  # answered before its request's body was read whole: what still comes is discarded
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            api.protocols.add(self)
+            verdict = api.admit(self)
+            if verdict == "drop":
+                transport.abort()
+            elif verdict == "reject":  # answered 503 at its first bytes; closed if none come
+                self.rejected = True
+                self.guard_timer = self.loop.call_later(api.reject_seconds, transport.abort)
+            else:
+                self.guard()
+
+        def data_received(self, data: bytes) -> None:
+            if self.lingering:
+                return
+            if self.rejected:
+                if not self.transport.is_closing():
+                    self.transport.write(busy)
+                    self.transport.close()
+                return
+            if self.guard_phase == "head":  # h11 bounds a head that comes in pieces; this, one that comes whole
+                head = bytes(self.conn.trailing_data[0]) + data[: MAX_HEAD + 4]
+                end = head.find(b"\r\n\r\n")
+                if (end if end >= 0 else len(head)) > MAX_HEAD:
+                    api.rate.note("head-too-large", "HTTP API: refused a request head over its bound", limit=MAX_HEAD)
+                    self.set_phase(None)
+                    self.transport.write(too_large)
+                    self.transport.close()
                     return
-                if batch:
-                    if self.daemon.config.synchronous != "FULL":
-                        # Below FULL a commit is visible before it is durable; what a client receives
-                        # must never be taken back by a power cut, so the WAL holding it is synced first.
-                        await asyncio.to_thread(sync_wal, self.daemon.db_path)
-                    yield "".join(event.encode() for event in batch)
-                    quiet_since = time.monotonic()
-                    continue
-                idle = time.monotonic() - quiet_since
-                if idle >= KEEPALIVE_SECONDS:
-                    yield ": keep-alive\n\n"
-                    quiet_since = time.monotonic()
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for((any_change if feed.held else session_changed).wait(),
-                                           KEEPALIVE_SECONDS - idle)
-        finally:
-            self.streams -= 1
+            super().data_received(data)
+            self.guard()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                self.linger()
+            self.guard()
+
+        def linger(self) -> None:
+            """The answer went out before the request's body was read whole (an error: the body is too
+            large, or not wanted): end the connection rather than wait for a body nobody reads. The
+            write side is shut once the answer is sent (the client reads it, then the end); what the
+            client still sends is read and dropped (closing with it unread would reset the connection,
+            and the client could lose the answer), for at most LINGER_SECONDS."""
+            self.lingering = True
+            self.set_phase(None)
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.guard_timer = self.loop.call_later(LINGER_SECONDS, self.transport.abort)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.set_phase(None)
+            api.protocols.discard(self)
+            super().connection_lost(exc)
+
+        def guard(self) -> None:
+            phase = None
+            if not self.transport.is_closing() and not self.lingering:
+                state = self.conn.their_state
+                phase = "head" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
+            if phase != self.guard_phase:
+                self.set_phase(phase)
+
+        def set_phase(self, phase: str | None) -> None:
+            self.guard_phase = phase
+            if self.guard_timer is not None:
+                self.guard_timer.cancel()
+                self.guard_timer = None
+            api.heads.pop(self, None)
+            if phase == "head":
+                api.heads[self] = None
+                self.guard_timer = self.loop.call_later(api.head_seconds, self.expire, phase)
+            elif phase == "body":
+                self.guard_timer = self.loop.call_later(api.body_seconds, self.expire, phase)
+
+        def expire(self, phase: str) -> None:
+            self.guard_timer = None
+            if self.guard_phase != phase or self.transport.is_closing():
+                return
+            api.rate.note(f"timeout-{phase}", f"HTTP API: closed a connection whose request {phase} did not "
+                          "arrive in time", seconds=api.head_seconds if phase == "head" else api.body_seconds)
+            if phase == "head" and self.conn.our_state is h11.IDLE and self.conn.trailing_data[0]:
+                self.transport.write(late)  # part of a head came: say why (an idle one is just closed)
+            self.set_phase(None)
+            self.transport.close()
+
+    return GuardedH11
 
 
 def sync_wal(db_path: Path) -> None:
@@ -486,19 +975,15 @@ def sync_wal(db_path: Path) -> None:
 
 
 def serve_api(daemon: Daemon, listen: str, allow_remote: bool) -> HttpApi:
-    """Serve the HTTP API of `daemon` on `listen` ("HOST:PORT") in a thread. Its URL is the first
-    line on stdout (and in the status file); HttpStartError says why it could not start."""
+    """Serve the HTTP API of `daemon` on `listen` ("HOST:PORT") in a thread; HttpStartError says why
+    it could not start. Its URL is announced by the daemon once it is ready (after its status file
+    and the token file are written: Daemon._announce)."""
     try:
         host, port = parse_listen(listen, allow_remote)
         api = HttpApi(daemon, host, port)
         api.start()
     except (ValueError, OSError, RuntimeError) as exc:
         raise HttpStartError(f"cannot serve the HTTP API on {listen}: {exc}") from exc
-    try:
-        print(api.url, flush=True)
-    except OSError:  # nobody reads stdout: the status file and the log still say it
-        pass
-    info("HTTP API listening", url=api.url, token_file=str(token_path(daemon.db_path)))
     return api
 
 
@@ -524,6 +1009,11 @@ def _json(payload: dict[str, Any], status: int = 200, headers: dict[str, str] | 
 
 
 async def _read_json(request: Request) -> dict[str, Any]:
+    kind = request.headers.get("content-type")
+    if kind is not None:
+        mime = kind.partition(";")[0].strip().lower()
+        if mime != "application/json" and not mime.endswith("+json"):
+            raise ApiError(415, f"the body must be JSON (Content-Type: application/json), not {kind[:60]!r}")
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
         raise ApiError(413 if length.isdigit() else 400, f"the body must be a JSON object of at most {MAX_BODY} bytes")
@@ -537,6 +1027,8 @@ async def _read_json(request: Request) -> dict[str, Any]:
         body = json.loads(b"".join(chunks))
     except ValueError:
         raise ApiError(400, "the body is not valid JSON") from None
+    except RecursionError:
+        raise ApiError(400, "the body's JSON is nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     return body
@@ -551,6 +1043,16 @@ def _after(request: Request) -> int:
     if value is None or value.strip() == "":
         return 0
     value = value.strip()
-    if not value.isdigit() or len(value) > 18:
+    if not _DIGITS.fullmatch(value):  # ASCII digits only: "²".isdigit() is True, int("²") is not a number
         raise ApiError(400, f"{source} must be an event id (a non-negative integer), not {value[:40]!r}")
+    return int(value)
+
+
+def _number(request: Request, name: str, default: int) -> int:
+    """A non-negative integer query parameter (ASCII digits), `default` when absent; ApiError 400 otherwise."""
+    value = request.query_params.get(name)
+    if value is None or value.strip() == "":
+        return default
+    if not _DIGITS.fullmatch(value.strip()):
+        raise ApiError(400, f"{name} must be a non-negative integer, not {value[:40]!r}")
     return int(value)

@@ -12,7 +12,11 @@ Next to the database the daemon keeps two small private files:
                        start time, so a pid reused by another process is never
                        mistaken for a worker), and per-turn restart bookkeeping.
                        Rewritten atomically and durably (fsynced temp file, rename,
-                       fsynced directory) on every change.
+                       fsynced directory) on every change; first as soon as a
+                       daemon holds the lock (state "starting"), so it never names
+                       a previous daemon, and with the HTTP API's URL before that
+                       URL is printed. Readers check the recorded pid (and its start
+                       time) is alive: a dead daemon's URL is never reported.
     PATH.daemon.msgs/  (0700) one 0600 file per running worker holding its turn's
                        text, so that no command line carries it; removed when the
                        worker exits, emptied when a daemon starts or stops.
@@ -142,7 +146,9 @@ def daemon_view(db_path: Path) -> dict[str, Any]:
         state = "dead (stale status file)"
     workers = [dict(w, alive=process_alive(w.get("pid"), w.get("create_time")))
                for w in status.get("workers", [])]
-    return {**status, "state": state, "alive": alive, "workers": workers}
+    # A daemon that is gone serves nothing: its URL is never shown as if it answered.
+    http = status.get("http") if alive and state in ("starting", "running", "draining") else None
+    return {**status, "state": state, "alive": alive, "workers": workers, "http": http}
 
 
 def snapshot(db_path: Path, session_id: str | None = None) -> dict[str, Any]:

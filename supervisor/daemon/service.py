@@ -225,16 +225,19 @@ class Daemon:
     def start(self) -> None:
         self.lock_fd = inbox.acquire_lock(self.db_path)
         self._kill_leftovers()  # e.g. a worker that was stopped (SIGSTOP) when its daemon died
+        self._publish()  # "starting", this pid: from now on the status file never names the last daemon (or its URL)
         become_subreaper()  # orphans of the workers' tools come to this process, which reaps them
         try:
             self.db = SessionDB(self.db_path, synchronous=self.config.synchronous)
         except (StorageError, OSError):
+            self.state, self._dirty = "stopped", True
+            self._publish()
             self._release_lock()
             raise
         if not self.config.base_url:
             from supervisor.daemon import demo  # the scripted model server is loaded for the demo only
 
-            self.server = demo.start_model(self.model)
+            self.server = demo.start_model(self.model, self.tools)
             self.base_url = self.server.base_url
         self.launcher = Launcher(self.config, base_url=self.base_url, model=self.model, tools=self.tools)
         self.launcher.start()
@@ -246,15 +249,33 @@ class Daemon:
         self.state = "running"
         self._dirty = True
         if self.config.http:
-            from supervisor.daemon.http import serve_api  # starlette and uvicorn only when asked for
-
-            self.http = serve_api(self, str(self.config.http), self.config.http_allow_remote)
-            self.http_url = self.http.url
+            self._start_http()  # its URL is printed by run(), once the status file holds it
         info("serving", db=str(self.db_path), workers=self.config.workers, base_url=self.base_url,
              model=self.model, tools=self.tools or "none", interrupted_turns=len(interrupted), queued_turns=queued,
              max_attempts=self.config.max_attempts, max_model_calls=self.config.max_model_calls, pid=os.getpid())
         for turn in interrupted:
             info("will resume interrupted turn", session=turn["session_id"], turn=turn["id"])
+
+    def _start_http(self) -> None:
+        """Serve the HTTP API (its token file written first), without announcing its URL yet."""
+        from supervisor.daemon.http import serve_api  # starlette, uvicorn: only if asked
+
+        api = serve_api(self, str(self.config.http), self.config.http_allow_remote)
+        self.http, self.http_url = api, api.url
+
+    def _announce(self) -> None:
+        """Ready means ready: the status file (this pid, "running", the URL) and the token file are
+        on disk before the URL is printed, as the first line on stdout."""
+        self._dirty = True
+        self._publish()
+        if self.http_url:
+            from supervisor.daemon.http import token_path
+
+            try:
+                print(self.http_url, flush=True)
+            except OSError:  # nobody reads stdout: the status file and the log still say it
+                pass
+            info("HTTP API listening", url=self.http_url, token_file=str(token_path(self.db_path)))
 
     # -------------------------------------------------------------- leasing
     def _lease(self) -> None:
@@ -506,6 +527,7 @@ class Daemon:
         try:
             for hook in self.ready_hooks:
                 hook(self)
+            self._announce()
             while True:
                 try:
                     if self._step():

@@ -90,3 +90,11 @@ def _watchdog_seconds(env: Mapping[str, str]) -> float | None:
         except ValueError:
             return None
     return usec / 1e6 if usec > 0 else None
+
+
+# The descriptors the documented unit (docs/daemon.md) gives the daemon: its HTTP API caps
+# connections to what RLIMIT_NOFILE leaves once its workers and databases have theirs
+# (`supervisor.daemon.http.fd_limits`), and systemd's default soft limit (1024) would leave a
+# few hundred.
+LIMIT_NOFILE = 65536
+
