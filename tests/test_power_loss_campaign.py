@@ -31,16 +31,18 @@ AFTER_WRITES = ("--mode", "exhaustive", "--faults", "power-loss", "--scenario", 
 
 def _campaign(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
     report = tmp_path / "report"
-    done = subprocess.run([sys.executable, "-m", "supervisor", "chaos", *args, "--jobs", "2", "--report", str(report)],
+    done = subprocess.run([sys.executable, "-m", "supervisor", "chaos", *args, "--jobs", "2", "--report", str(report),
+                           "--workdir", str(tmp_path / "work")],
                           cwd=REPO, env=env or {**os.environ, "NO_PROXY": "127.0.0.1,localhost"},
                           capture_output=True, text=True, timeout=CAMPAIGN_TIMEOUT_S, start_new_session=True)
     path = report / "report.json"
     return done.returncode, json.loads(path.read_text()) if path.exists() else {}, done.stdout + done.stderr
 
 
-def _mounts_left() -> list[str]:
+def _mounts_left(under: Path) -> list[str]:
+    """The lazy file systems still mounted below `under` (other tests may have theirs up meanwhile)."""
     with open("/proc/self/mountinfo", encoding="utf-8") as table:
-        return [line for line in table if " lazyfs " in line]
+        return [line for line in table if " lazyfs " in line and str(under) in line]
 
 
 @pytest.mark.chaos
@@ -54,7 +56,7 @@ def test_full_keeps_every_commit_through_every_cut(tmp_path: Path) -> None:
     assert report["faults"]["power-loss"]["landed"] == report["faults"]["power-loss"]["planned"] == len(killed)
     assert report["power"]["cuts"] == len(killed) and report["power"]["rows_lost"] == 0
     assert report["violations_by_class"] == {"damage": 0, "contract": 0, "durability-cost": 0}
-    assert not _mounts_left()
+    assert not _mounts_left(tmp_path)
 
 
 @pytest.mark.chaos
