@@ -98,6 +98,7 @@ FDS_PER_WORKER = 16          # and per worker (its pipes, its pid fd, the files 
 MAX_CONNECTIONS = 4096       # the connection cap, whatever RLIMIT_NOFILE would allow
 MAX_STREAMS = 64             # event streams at once (each holds up to about STREAM_BATCH_BYTES + 2 rows)
 REJECT_SLACK = 32            # connections past the cap answered 503; past this many more, closed at once
+ACCEPT_BURST = 64            # connections accepted in one go (the listen backlog): taken before any is admitted
 REJECT_SECONDS = 2.0         # a connection past the cap that sends no request is closed after this
 RETRY_AFTER = 2              # seconds, in the Retry-After of a 503
 STREAM_BATCH_BYTES = 256 * 1024  # content read per poll of an event stream (at least two rows)
@@ -210,7 +211,7 @@ def fd_limits(soft_nofile: int, workers: int) -> tuple[int, int]:
     """(connection cap, event stream cap) for a process allowed `soft_nofile` descriptors with
     `workers` workers: what is left once the daemon's own and its workers' are set aside, and the
     connections past the cap that are answered 503 before being closed."""
-    budget = soft_nofile - RESERVED_FDS - FDS_PER_WORKER * max(1, workers) - REJECT_SLACK
+    budget = soft_nofile - RESERVED_FDS - FDS_PER_WORKER * max(1, workers) - REJECT_SLACK - ACCEPT_BURST
     connections = max(8, min(MAX_CONNECTIONS, budget))
     return connections, max(2, min(MAX_STREAMS, connections // 4))
 
@@ -400,12 +401,15 @@ class HttpApi:
 
         self.token = load_token(self.db_path)
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.create_server((self.host, self.port), family=family, backlog=1024)
+        sock = socket.create_server((self.host, self.port), family=family, backlog=ACCEPT_BURST)
         bound = sock.getsockname()
         self.url = f"http://{'[' + self.host + ']' if family == socket.AF_INET6 else self.host}:{bound[1]}"
         config = uvicorn.Config(self.app(), lifespan="on", log_config=None, log_level="warning", access_log=False,
                                 http=_protocol_class(self), ws="none", loop="asyncio", timeout_graceful_shutdown=5,
                                 timeout_keep_alive=KEEPALIVE_IDLE_SECONDS, h11_max_incomplete_event_size=MAX_HEAD,
+                                # asyncio accepts up to `backlog` connections per readiness event, each a
+                                # descriptor taken before the cap can refuse it: a small burst, in the budget
+                                backlog=ACCEPT_BURST,
                                 # a backstop: connections never reach it (see `admit`); requests in flight may
                                 limit_concurrency=self.max_connections + REJECT_SLACK + 1)
         self.server = _quiet_server(config)
