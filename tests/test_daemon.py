@@ -352,3 +352,16 @@ def test_a_crash_loop_fails_the_turn_with_a_reason_and_the_session_goes_on(
     assert json.loads(rows[-1]["content"])["status"] == "outcome_unknown"
     assert len(intents) >= 3  # every resume dispatched the lookup again: that is not progress
     assert_well_formed(db, "p", "q")
+
+
+def test_a_start_time_a_whole_second_off_is_the_same_process_and_half_a_second_is_not() -> None:
+    """A start time is ticks since boot plus the boot time, which the kernel derives from the wall
+    clock: two readings may differ by a whole second (a clock adjustment), never by a fraction."""
+    import psutil
+
+    from supervisor.daemon.inbox import process_alive
+
+    started = psutil.Process(os.getpid()).create_time()
+    assert process_alive(os.getpid(), started) and process_alive(os.getpid(), started + 1.0)
+    assert process_alive(os.getpid(), started - 1.0)
+    assert not process_alive(os.getpid(), started + 0.5) and not process_alive(os.getpid(), started + 2.0)

@@ -106,11 +106,17 @@ def read_status(db_path: Path) -> dict[str, Any] | None:
 
 
 def process_alive(pid: Any, create_time: Any) -> bool:
-    """Is `pid` still the very process that was recorded (same start time), and not a zombie?"""
+    """Is `pid` still the very process that was recorded (same start time), and not a zombie?
+
+    A start time is the process's start in clock ticks since boot plus the boot time, which the
+    kernel derives from the wall clock: read in two processes it may differ by a whole second
+    (a clock adjustment moved the boot time), never by a fraction of one."""
     try:
         proc = psutil.Process(int(pid))
-        if create_time is not None and abs(proc.create_time() - float(create_time)) > 0.01:
-            return False
+        if create_time is not None:
+            drift = abs(proc.create_time() - float(create_time))
+            if round(drift) > 1 or abs(drift - round(drift)) > 0.01:
+                return False
         return proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, ValueError, TypeError):
         return False
