@@ -214,12 +214,13 @@ class HttpDaemon:
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
         buffer = b""
+        poller = select.poll()  # (not select(2): a test holding many sockets may number this pipe past 1,024)
+        poller.register(fd, select.POLLIN)
         while b"\n" not in buffer:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RuntimeError(f"the daemon printed no URL within {timeout:g}s; log: {self.log_tail()}")
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
+            if poller.poll(max(1, round(left * 1000))):
                 chunk = os.read(fd, 4096)
                 if not chunk:
                     self.proc.wait()

@@ -3,9 +3,10 @@
 Both sides run the same daemon (`serve --http 127.0.0.1:0`, built-in scripted model, 4 workers,
 started with the 1,024-descriptor soft limit of a default service) on a database of their own
 holding a session of 40 turns of 1 MB each. The loaded side keeps, while it measures, 1,100 idle
-TCP connections open (reopening any the daemon closes; fewer when this process's RLIMIT_NOFILE
-cannot hold them, its soft limit raised to its hard one first) and 10 event streams of the large
-session that never read a byte. Each side measures:
+TCP connections open and 300 more that sent half a request head (reopening any the daemon closes;
+fewer when this process's RLIMIT_NOFILE cannot hold them, its soft limit raised to its hard one
+first) and 10 event streams of the large session that never read a byte; it measures once the
+streams are in place (the daemon's /metrics shows them waiting on their clients). Each side measures:
 
 * /healthz latency p99 over sequential requests (new connection each);
 * turn throughput: turns submitted over the API by 4 clients, each reading its session's
@@ -33,6 +34,8 @@ from bench.table import Figure, Report, percentile
 from hermes.state import SessionDB
 
 IDLE_SOCKETS = 1100
+HALF_HEADS = 300  # more connections, each sending part of a request head and no more
+HALF_HEAD = b"GET /healthz HTTP/1.1\r\nHost: bench\r\n"  # a request head that never ends (slowloris)
 STREAMS = 10
 DAEMON_NOFILE = 1024
 BIG_TURNS, BIG_SIZE = 40, 1 << 20
@@ -74,14 +77,14 @@ def _big_session(db: Path) -> None:
 class Hostile:
     """Idle sockets (kept open: reopened when the daemon closes one) and streams that never read."""
 
-    def __init__(self, host: str, port: int, token: str, sockets: int, streams: int) -> None:
+    def __init__(self, host: str, port: int, token: str, sockets: int, streams: int, half_heads: int = 0) -> None:
         self.address = (host, port)
         self.stop_event = threading.Event()
         self.selector = selectors.DefaultSelector()
         self.reopened = 0
         self.failed = 0
-        for _ in range(sockets):
-            self._open()
+        for index in range(sockets + half_heads):
+            self._open(HALF_HEAD if index >= sockets else b"")
         self.streams = []
         request = (f"GET /v1/sessions/big/events HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {token}\r\n"
                    "\r\n").encode()
@@ -94,11 +97,13 @@ class Hostile:
         self.thread = threading.Thread(target=self._keep, name="hostile-idle", daemon=True)
         self.thread.start()
 
-    def _open(self) -> None:
+    def _open(self, first: bytes) -> None:
         try:
             sock = socket.create_connection(self.address, timeout=5)
+            if first:
+                sock.sendall(first)
             sock.setblocking(False)
-            self.selector.register(sock, selectors.EVENT_READ)
+            self.selector.register(sock, selectors.EVENT_READ, first)
         except OSError:
             self.failed += 1
 
@@ -110,7 +115,7 @@ class Hostile:
                 sock.close()  # type: ignore[union-attr]
                 if not self.stop_event.is_set():
                     self.reopened += 1
-                    self._open()
+                    self._open(key.data)
 
     def close(self) -> None:
         self.stop_event.set()
@@ -122,7 +127,22 @@ class Hostile:
             sock.close()
 
 
-def _side(work: Path, name: str, loaded: bool, turns: int, probes: int, sockets: int) -> dict[str, Any]:
+def _until_streams_wait(client: ApiClient, streams: int, timeout: float = 120.0) -> None:
+    """Until the daemon's /metrics shows `streams` event streams waiting on their clients: the load is in
+    place (each non-reading stream sent what its socket takes and holds its bounded buffer)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = {s.name: s.value for f in text_string_to_metric_families(client.metrics()) for s in f.samples}
+        if samples.get("hermes_http_event_streams_waiting", 0) >= streams:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the {streams} non-reading streams did not fill up in {timeout:.0f}s: {samples}")
+        time.sleep(0.05)
+
+
+def _side(work: Path, name: str, loaded: bool, turns: int, probes: int, sockets: int, half: int) -> dict[str, Any]:
     import psutil
 
     db = work / f"{name}.db"
@@ -151,7 +171,8 @@ def _side(work: Path, name: str, loaded: bool, turns: int, probes: int, sockets:
         sampler.start()
         if loaded:
             host, port = daemon.url.rsplit("//", 1)[1].rsplit(":", 1)
-            hostile = Hostile(host, int(port), daemon.token, sockets, STREAMS)
+            hostile = Hostile(host, int(port), daemon.token, sockets, STREAMS, half)
+            _until_streams_wait(client, STREAMS)
         latencies = []
         errors = 0
         for _ in range(probes):
@@ -187,7 +208,8 @@ def _side(work: Path, name: str, loaded: bool, turns: int, probes: int, sockets:
                         problems.append(f"GET /v1/turns/{turn_id}: {status} {str(view)[:80]!r}")
         out = {"p99_ms": percentile(latencies, 0.99) * 1000, "healthz_errors": errors, "turns_s": len(done) / wall,
                "rss_growth_mb": (peak[0] - base_rss) / 1e6, "lost": lost, "problems": problems,
-               "reopened": hostile.reopened if hostile else 0, "sockets": sockets if loaded else 0}
+               "reopened": hostile.reopened if hostile else 0, "sockets": sockets if loaded else 0,
+               "nofile": proc.rlimit(psutil.RLIMIT_NOFILE)[0]}
     finally:
         if hostile is not None:
             hostile.close()
@@ -204,14 +226,17 @@ def bench_hostile(report: Report, bench_dir: Path, turns: int = 40, probes: int 
         return
     soft = raise_nofile()
     sockets = max(0, min(IDLE_SOCKETS, soft - 200))
+    half = max(0, min(HALF_HEADS, soft - 200 - sockets))
     work = Path(tempfile.mkdtemp(prefix="hostile-", dir=bench_dir))
     try:
-        calm = _side(work, "calm", False, turns, probes, sockets)
-        loaded = _side(work, "loaded", True, turns, probes, sockets)
+        calm = _side(work, "calm", False, turns, probes, sockets, half)
+        loaded = _side(work, "loaded", True, turns, probes, sockets, half)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    load = (f"{sockets} idle sockets (kept open; {loaded['reopened']} reopened after the daemon closed them) and "
-            f"{STREAMS} non-reading streams of a {BIG_TURNS} x 1 MB session; daemon at {DAEMON_NOFILE} descriptors")
+    load = (f"{sockets} idle sockets and {half} sending half a request head (kept open; {loaded['reopened']} "
+            f"reopened after the daemon closed them) and {STREAMS} non-reading streams of a {BIG_TURNS} x 1 MB "
+            f"session; daemon started at {DAEMON_NOFILE} descriptors (it raised its soft limit to "
+            f"{loaded['nofile']})")
     ratio = loaded["p99_ms"] / calm["p99_ms"] if calm["p99_ms"] else float("nan")
     report.add(Figure("hostile: /healthz p99, loaded vs unloaded", loaded["p99_ms"], "ms", calm["p99_ms"], ratio=ratio,
                       target="within 2x", passed=ratio <= 2.0 and not loaded["healthz_errors"],

@@ -350,8 +350,17 @@ def test_metrics_are_prometheus_text(demo: HttpDaemon) -> None:
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
     assert samples[("hermes_turns", (("state", "done"),))] >= 1
     assert ("hermes_queue_depth", ()) in samples
-    for name in ("hermes_worker_restarts", "hermes_crash_loops", "hermes_flush_failures", "hermes_turns_cancelled"):
+    for name in ("hermes_worker_restarts", "hermes_crash_loops", "hermes_flush_failures", "hermes_turns_cancelled",
+                 "hermes_http_limits"):
         assert families[name].type == "counter", name
+    for name in ("hermes_http_connections", "hermes_http_event_streams", "hermes_http_event_streams_waiting",
+                 "hermes_http_stream_held_bytes"):
+        assert families[name].type == "gauge", name
+    # docs/daemon.md lists every metric, by the name a scrape shows (counters with _total)
+    row = next(line for line in (REPO / "docs" / "daemon.md").read_text().splitlines() if "`GET /metrics`" in line)
+    scraped = {f.name + ("_total" if f.type == "counter" else "") for f in families.values()
+               if f.name.startswith("hermes_")}
+    assert set(re.findall(r"hermes_[a-z_]+", row)) == scraped
     assert {s.labels["cause"] for s in families["hermes_flush_failures"].samples} >= {"disk", "locked", "lease"}
     from hermes.turn import PERSISTENCE_FAILED
     from supervisor.daemon.metrics import FLUSH_FAILED_PREFIX
@@ -720,7 +729,8 @@ def test_the_turns_of_a_session_are_listed(demo: HttpDaemon) -> None:
 
 
 def test_a_silent_or_half_sent_request_is_closed_after_its_bound(tmp_path: Path) -> None:
-    server = InProcess(tmp_path / "t.db", head_seconds=0.3, body_seconds=0.3)
+    # A silent connection is the kernel's for about `defer_seconds`, then the daemon's for `head_seconds`.
+    server = InProcess(tmp_path / "t.db", head_seconds=0.3, body_seconds=0.3, defer_seconds=1)
     try:
         silent = _raw(server.url)
         half_head = _raw(server.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
@@ -749,7 +759,8 @@ def test_past_the_caps_idle_connections_make_room_else_503_with_retry_after(tmp_
         with pytest.raises(ApiError) as refused:
             server.client.events("cap-s")
         assert refused.value.status == 503
-        idle = [_raw(server.url)]
+        idle = [_raw(server.url, b"G")]  # accepted (it sent something), its request head never completed
+        wait_for_state(lambda: any(p.conn.trailing_data[0] == b"G" for p in list(server.api.protocols)))  # read
         assert server.client.request("GET", "/healthz")[0] == 200  # the idle one made room
         assert _read_all(idle[0]) == b""
         wait_for_state(lambda: len(server.api.protocols) == 2)  # the request's connection is gone
@@ -771,6 +782,77 @@ def test_past_the_caps_idle_connections_make_room_else_503_with_retry_after(tmp_
         for stream in streams:
             stream.close()
         for sock in idle:
+            sock.close()
+        server.close()
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_a_daemon_at_a_default_services_descriptor_limit_serves_through_a_connection_flood(tmp_path: Path) -> None:
+    """1,100 silent connections and 300 that never finish their request head, against a daemon started
+    at the 1,024 descriptors of a default service: it raises its own soft limit as far as the hard one
+    lets it, and answers, starts workers and finishes turns while they stay open."""
+    import resource
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from bench.hostile import HALF_HEAD, nofile
+
+    with nofile(1024):
+        daemon = start_daemon(tmp_path, "--workers", "2")
+    socks: list[socket.socket] = []
+    try:
+        limits = Path(f"/proc/{daemon.pid}/limits").read_text().splitlines()
+        soft, hard = (int(v) if v.isdigit() else 1 << 30
+                      for v in next(line for line in limits if line.startswith("Max open files")).split()[3:5])
+        assert soft >= min(hard, 4096), f"the daemon kept a soft limit of {soft} under a hard one of {hard}"
+        own_soft, own_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 1100 + 300 + 200
+        if own_soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, own_hard), own_hard))
+        try:
+            room = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200
+            silent, half = min(1100, room - 300), min(300, room)
+            assert silent >= 700, f"this process can open only {room} sockets"
+            socks = [_raw(daemon.url) for _ in range(silent)] + [_raw(daemon.url, HALF_HEAD) for _ in range(half)]
+            client = daemon.client()
+            assert ApiClient(daemon.url, None).request("GET", "/healthz")[0] == 200
+            stream = client.events("flood")
+            try:
+                turn = client.submit("flood", "still here?")["turn_id"]
+                read_until(stream, end_of(turn))
+            finally:
+                stream.close()
+            assert client.turn(turn)["state"] == "done"
+            samples = {s.name: s.value for f in text_string_to_metric_families(client.metrics()) for s in f.samples}
+            # The half-sent heads came before this request and were taken first; the silent ones never were.
+            assert half <= samples["hermes_http_connections"] < half + 50, samples["hermes_http_connections"]
+        finally:
+            for sock in socks:
+                sock.close()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (own_soft, own_hard))
+    finally:
+        finish(daemon)
+    text = daemon.log.read_text()
+    for bad in ("Traceback", "could not start a worker", "Errno 24", "could not accept"):
+        assert bad not in text, text[-3000:]
+
+
+def test_connections_that_send_nothing_take_nothing_from_the_daemon(tmp_path: Path) -> None:
+    """Silent connections stay in the kernel (TCP_DEFER_ACCEPT): the daemon accepts a later client
+    that sends its request first, and holds no descriptor, timer or slot for the silent ones."""
+    server = InProcess(tmp_path / "t.db", max_connections=3)
+    silent: list[socket.socket] = []
+    try:
+        silent = [_raw(server.url) for _ in range(50)]  # far past the cap of 3
+        for _ in range(3):
+            assert server.client.request("GET", "/healthz")[0] == 200
+        # The kernel hands connections over in the order they came: had it handed over a silent
+        # one, the daemon would have taken it before the requests, and it would still be open.
+        assert _on_loop(server.api, lambda: len(server.api.protocols)) <= 1
+        assert not server.api.rate.counts, server.api.rate.counts  # nothing evicted, refused or timed out
+    finally:
+        for sock in silent:
             sock.close()
         server.close()
 
@@ -831,6 +913,13 @@ def test_a_stream_that_is_not_read_holds_a_bounded_buffer_and_resumes(tmp_path: 
         grown = tracemalloc.get_traced_memory()[0] - base
         assert grown < 12 << 20, f"a stream nobody reads holds {grown >> 20} MB"
         tracemalloc.stop()
+        # /metrics shows it: one stream waiting on its client, what it holds.
+        from prometheus_client.parser import text_string_to_metric_families
+
+        samples = {s.name: s.value for f in text_string_to_metric_families(server.client.metrics())
+                   for s in f.samples}
+        assert samples["hermes_http_event_streams"] == 1 and samples["hermes_http_event_streams_waiting"] == 1
+        assert samples["hermes_http_stream_held_bytes"] == held and samples["hermes_http_connections"] >= 2
 
         # Nothing was dropped: read on, and every event arrives once, in order, the answers whole.
         reading = connect_readonly(db)
@@ -887,6 +976,35 @@ def test_database_reads_run_off_the_event_loop(tmp_path: Path, monkeypatch: pyte
     finally:
         release.set()
         server.close()
+
+
+def _bytes_read_by_this_thread() -> int:
+    """What this thread read through read(2)/pread(2) so far: SQLite's page reads, cached by the OS or not."""
+    for line in Path("/proc/thread-self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/thread-self/io")
+
+
+def test_a_stream_reads_the_rows_it_sends_not_its_session(tmp_path: Path) -> None:
+    """A poll from the start of a session of 30 x 1 MB rows reads about the rows it returns (two or
+    three), not every row after the cursor (a query that sorted would read them all first)."""
+    from supervisor.daemon.events import SessionFeed
+    from supervisor.daemon.http import STREAM_BATCH_BYTES
+
+    db = tmp_path / "big.db"
+    SessionDB(db).close()
+    big_session(db, "big", 30, 1 << 20)
+    conn = connect_readonly(db)
+    try:
+        feed = SessionFeed(None, "big", 0, max_bytes=STREAM_BATCH_BYTES)
+        before = _bytes_read_by_this_thread()
+        events = feed.poll(conn)
+        read = _bytes_read_by_this_thread() - before
+        assert [e.kind for e in events][:2] == ["user", "answer"]
+        assert read < 6 << 20, f"one poll read {read >> 20} MB of a 30 MB session to send {len(events)} events"
+    finally:
+        conn.close()
 
 
 def test_a_turn_lookup_reads_that_turn_not_its_session(tmp_path: Path) -> None:

@@ -116,6 +116,15 @@ def _blank_assistant(row: dict[str, Any]) -> bool:
             and is_blank(_decode(row["content"], row["content_kind"])))
 
 
+# A session's rows in id order, archived (active = 0) and active alike: one ordered walk of the
+# (session_id, active, id) index per value, merged. (`active IN (0, 1) ... ORDER BY id` sorts
+# instead, reading every later row of the session, contents and all, before the first comes.)
+_BATCH_SQL = " UNION ALL ".join(
+    "SELECT id, turn_id, role, content, content_kind, tool_calls, tool_call_id, name FROM messages "
+    f"WHERE session_id = ?1 AND active = {active} AND cloned_from IS NULL AND id >= ?2" for active in (0, 1)
+) + " ORDER BY id LIMIT ?3"
+
+
 class SessionFeed:
     """The events of one session after `after`, read incrementally through `conn`.
 
@@ -159,10 +168,7 @@ class SessionFeed:
         `batch` rows, or `max_bytes` of content (after at least two rows, the first maybe the cursor's),
         the next row read only says that there is more."""
         assert self.conn is not None
-        cursor = self.conn.execute(
-            "SELECT id, turn_id, role, content, content_kind, tool_calls, tool_call_id, name FROM messages "
-            "WHERE session_id = ? AND active IN (0, 1) AND cloned_from IS NULL AND id >= ? ORDER BY id LIMIT ?",
-            (self.session, self.cursor // ROW_SPAN, self.batch + 1))
+        cursor = self.conn.execute(_BATCH_SQL, (self.session, self.cursor // ROW_SPAN, self.batch + 1))
         names = [d[0] for d in cursor.description]
         rows: list[dict[str, Any]] = []
         size = 0

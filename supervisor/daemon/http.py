@@ -25,9 +25,12 @@ data_version` (polled every `POLL_SECONDS`).
 
 Hostile clients cost bounded resources:
 
-* a request's head must arrive within `HEAD_SECONDS` (at most `MAX_HEAD` bytes), its body
-  within `BODY_SECONDS` after it (at most `MAX_BODY` bytes, JSON); an idle keep-alive
-  connection is closed after `KEEPALIVE_IDLE_SECONDS`;
+* a connection that sends nothing is left to the kernel (`defer_accept`, about `HEAD_SECONDS`):
+  it takes no descriptor of the daemon's until it sends something, and the listen queue is long
+  (`LISTEN_BACKLOG`), so a burst of clients is never turned away by the kernel;
+* a request's head must arrive within `HEAD_SECONDS` of its connection being accepted (at most
+  `MAX_HEAD` bytes), its body within `BODY_SECONDS` after it (at most `MAX_BODY` bytes, JSON); an
+  idle keep-alive connection is closed after `KEEPALIVE_IDLE_SECONDS`;
 * connections are capped (`fd_limits`: from RLIMIT_NOFILE, keeping descriptors for the
   daemon's workers and databases). Past the cap the oldest connection that has not sent a
   whole request head is closed for the new one; when none can be, the new one is answered
@@ -75,6 +78,7 @@ from hermes.transcript import is_final_answer
 from supervisor.daemon import inbox
 from supervisor.daemon.events import SessionFeed
 from supervisor.daemon.log import info, log, warn
+from supervisor.daemon.metrics import HttpGauges
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -98,7 +102,8 @@ FDS_PER_WORKER = 16          # and per worker (its pipes, its pid fd, the files 
 MAX_CONNECTIONS = 4096       # the connection cap, whatever RLIMIT_NOFILE would allow
 MAX_STREAMS = 64             # event streams at once (each holds up to about STREAM_BATCH_BYTES + 2 rows)
 REJECT_SLACK = 32            # connections past the cap answered 503; past this many more, closed at once
-ACCEPT_BURST = 64            # connections accepted in one go (the listen backlog): taken before any is admitted
+ACCEPT_BURST = 64            # connections accepted in one go: each takes a descriptor before it is admitted
+LISTEN_BACKLOG = 4096        # connections the kernel holds until they are accepted (at no descriptor of ours)
 REJECT_SECONDS = 2.0         # a connection past the cap that sends no request is closed after this
 RETRY_AFTER = 2              # seconds, in the Retry-After of a 503
 STREAM_BATCH_BYTES = 256 * 1024  # content read per poll of an event stream (at least two rows)
@@ -155,6 +160,18 @@ def parse_listen(value: str, allow_remote: bool = False) -> tuple[str, int]:
         raise ValueError(f"{host} is not a loopback address; the API would be reachable from the network "
                          "(plain HTTP, guarded by its token alone). Add --http-allow-remote to mean it")
     return host, int(port_text)
+
+
+def defer_accept(sock: socket.socket, seconds: float) -> bool:
+    """Have the kernel hold a new connection until its first bytes arrive, for up to about `seconds`
+    (Linux's TCP_DEFER_ACCEPT; elsewhere nothing, and False). A client that connects and sends
+    nothing then costs the daemon no descriptor, no timer and no eviction, however many it opens
+    and however fast it reconnects; past `seconds` it is accepted and timed like any other."""
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if option is None or seconds <= 0:
+        return False
+    sock.setsockopt(socket.IPPROTO_TCP, option, max(1, round(seconds)))
+    return True
 
 
 def token_path(db_path: Path) -> Path:
@@ -225,6 +242,25 @@ def nofile_limit() -> int:
     except (ImportError, OSError, ValueError):
         return 1 << 16
     return soft if soft != getattr(resource, "RLIM_INFINITY", -1) and soft > 0 else 1 << 16
+
+
+def raise_nofile(workers: int) -> tuple[int, int]:
+    """Raise this process's soft RLIMIT_NOFILE to what the caps can use with `workers` workers, as far
+    as the hard limit allows (a default service gets 1,024 soft, kept low for select(2), which the
+    daemon does not use; the hard limit is the one an administrator set). Never lowers it.
+    Returns (soft limit before, soft limit now)."""
+    before = nofile_limit()
+    wanted = MAX_CONNECTIONS + REJECT_SLACK + ACCEPT_BURST + RESERVED_FDS + FDS_PER_WORKER * max(1, workers)
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+    return before, nofile_limit()
 
 
 class RateLog:
@@ -382,9 +418,11 @@ class HttpApi:
         self.changes: Changes | None = None
         self.conn: sqlite3.Connection | None = None   # the watcher's reads (its own thread)
         self.registry: Any = None
+        self.gauges = HttpGauges()  # the HTTP API's state at the last scrape of /metrics
         workers = getattr(getattr(daemon, "config", None), "workers", 4)
         self.max_connections, self.max_streams = fd_limits(nofile_limit(), int(workers or 1))
         self.head_seconds, self.body_seconds, self.reject_seconds = HEAD_SECONDS, BODY_SECONDS, REJECT_SECONDS
+        self.defer_seconds = HEAD_SECONDS  # a connection is accepted once it sent something (0: at once)
         self.protocols: set[Any] = set()                          # open connections (the server's loop only)
         self.heads: OrderedDict[Any, None] = OrderedDict()        # those waiting for a request head, oldest first
         self.rate = RateLog()
@@ -401,7 +439,8 @@ class HttpApi:
 
         self.token = load_token(self.db_path)
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.create_server((self.host, self.port), family=family, backlog=ACCEPT_BURST)
+        sock = socket.create_server((self.host, self.port), family=family, backlog=LISTEN_BACKLOG)
+        defer_accept(sock, self.defer_seconds)
         bound = sock.getsockname()
         self.url = f"http://{'[' + self.host + ']' if family == socket.AF_INET6 else self.host}:{bound[1]}"
         config = uvicorn.Config(self.app(), lifespan="on", log_config=None, log_level="warning", access_log=False,
@@ -482,7 +521,7 @@ class HttpApi:
         self.conn = connect_readonly(self.db_path)
         self.readers = ThreadPoolExecutor(DB_READERS, thread_name_prefix="http-db")
         self.watching = ThreadPoolExecutor(1, thread_name_prefix="http-watch")
-        self.registry = build_registry(self._turn_counts, self.daemon, lambda: self.streams)
+        self.registry = build_registry(self._turn_counts, self.daemon, lambda: self.gauges)
         watcher = asyncio.create_task(self._watch())
         self.ready.set()
         try:
@@ -623,6 +662,10 @@ class HttpApi:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
         from starlette.responses import Response
 
+        self.gauges = HttpGauges(  # taken here, on the loop that changes them; the registry is read in a thread
+            connections=len(self.protocols), streams=self.streams,
+            streams_waiting=sum(1 for state in self.stream_states if state.waiting),
+            stream_held_bytes=sum(state.held for state in self.stream_states), limits=dict(self.rate.counts))
         text = await self._read(lambda _conn: generate_latest(self.registry))
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
@@ -719,23 +762,17 @@ class HttpApi:
             # back waits on any change (the row may be filled in place, which adds no row).
             session_changed, any_change = self.changes.current(feed.session), self.changes.current(Changes.ANY)
             try:
-                batch = await self._read(_poll, feed)
+                texts: list[str | None] = await self._read(_poll, feed)
             except (sqlite3.Error, StorageError) as exc:
                 warn("an event stream could not read the database; closing it", session=feed.session,
                      error=str(exc))
                 return
-            if batch:
+            if texts:
+                state.held += sum(len(text) for text in texts if text is not None)
                 if self.daemon.config.synchronous != "FULL":
                     # Below FULL a commit is visible before it is durable; what a client receives
                     # must never be taken back by a power cut, so the WAL holding it is synced first.
                     await asyncio.to_thread(sync_wal, self.daemon.db_path)
-                texts: list[str | None] = []
-                for index, event in enumerate(batch):
-                    text = event.encode()
-                    batch[index] = None  # type: ignore[call-overload]  (held once, as text)
-                    texts.append(text)
-                    state.held += len(text)
-                del batch
                 chunk: list[str] = []
                 size = 0
                 for index in range(len(texts)):
@@ -775,8 +812,9 @@ def _look(watcher: Watcher, seen: list[Any], sessions: list[str]) -> Any:
     return watcher.look(sessions)
 
 
-def _poll(conn: sqlite3.Connection, feed: SessionFeed) -> list[Any]:
-    return feed.poll(conn)
+def _poll(conn: sqlite3.Connection, feed: SessionFeed) -> list[str | None]:
+    """(A reader thread.) The stream's next events as text: encoded here, not on the server's loop."""
+    return [event.encode() for event in feed.poll(conn)]
 
 
 def turn_view(conn: sqlite3.Connection, turn_id: str) -> dict[str, Any] | None:
@@ -984,6 +1022,9 @@ def serve_api(daemon: Daemon, listen: str, allow_remote: bool) -> HttpApi:
     and the token file are written: Daemon._announce)."""
     try:
         host, port = parse_listen(listen, allow_remote)
+        before, now = raise_nofile(daemon.config.workers)
+        if now != before:
+            info("raised the descriptor limit for the HTTP API", soft_nofile_before=before, soft_nofile=now)
         api = HttpApi(daemon, host, port)
         api.start()
     except (ValueError, OSError, RuntimeError) as exc:
@@ -992,10 +1033,19 @@ def serve_api(daemon: Daemon, listen: str, allow_remote: bool) -> HttpApi:
 
 
 def _quiet_server(config: Any) -> Any:
-    """A uvicorn.Server that installs no signal handlers: SIGTERM and SIGINT stay the daemon's."""
+    """A uvicorn.Server that installs no signal handlers: SIGTERM and SIGINT stay the daemon's, and
+    whose sockets queue up to LISTEN_BACKLOG connections in the kernel."""
     import uvicorn
 
     class QuietServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            # asyncio listens with the backlog it also takes as its accept burst (ACCEPT_BURST, kept
+            # small for the descriptor budget). A kernel queue that small drops the SYNs of a burst
+            # of clients, who then wait a second to retry; listening again only lengthens the queue.
+            for sock in sockets or ():
+                sock.listen(LISTEN_BACKLOG)
+
         @contextlib.contextmanager
         def capture_signals(self) -> Any:
             yield

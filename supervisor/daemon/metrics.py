@@ -9,6 +9,7 @@ builds its registry, so the daemon runs without it.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from hermes.persistence_failure import CAUSES
@@ -38,9 +39,20 @@ class DaemonMetrics:
             self.flush_failures[cause if cause in CAUSES else "unknown"] += 1
 
 
+@dataclass(frozen=True)
+class HttpGauges:
+    """The HTTP API's own state at a scrape, taken on its event loop."""
+
+    connections: int = 0              # open connections
+    streams: int = 0                  # open event streams
+    streams_waiting: int = 0          # of those, the ones waiting for their client to take a chunk
+    stream_held_bytes: int = 0        # characters the streams read from the database and have not sent
+    limits: dict[str, int] = field(default_factory=dict)  # connections and requests a limit acted on, by kind
+
+
 def build_registry(turn_counts: Callable[[], dict[str, int]], daemon: Any,
-                   open_streams: Callable[[], int]) -> CollectorRegistry:
-    """A registry whose one collector reads `turn_counts()` and the daemon's counters at each scrape.
+                   http: Callable[[], HttpGauges]) -> CollectorRegistry:
+    """A registry whose one collector reads `turn_counts()`, the daemon's counters and `http()` at each scrape.
 
     `daemon` is read, never written: its `metrics` (DaemonMetrics), `totals`, `leases` and `state`.
     """
@@ -74,7 +86,19 @@ def build_registry(turn_counts: Callable[[], dict[str, int]], daemon: Any,
                 flush.add_metric([cause], m.flush_failures.get(cause, 0))
             yield flush
             yield GaugeMetricFamily("hermes_workers_busy", "Workers running a turn now.", value=len(daemon.leases))
-            yield GaugeMetricFamily("hermes_http_event_streams", "Open event streams.", value=open_streams())
+            gauges = http()
+            yield GaugeMetricFamily("hermes_http_connections", "Open HTTP connections.", value=gauges.connections)
+            yield GaugeMetricFamily("hermes_http_event_streams", "Open event streams.", value=gauges.streams)
+            yield GaugeMetricFamily("hermes_http_event_streams_waiting", "Event streams waiting for their client "
+                                    "to read what they sent (backpressure).", value=gauges.streams_waiting)
+            yield GaugeMetricFamily("hermes_http_stream_held_bytes", "Event text the streams read from the "
+                                    "database and have not handed to their connection yet.",
+                                    value=gauges.stream_held_bytes)
+            limits = CounterMetricFamily("hermes_http_limits", "Connections and requests the HTTP API's limits "
+                                         "acted on (closed, refused, timed out), by kind.", labels=["kind"])
+            for kind, count in sorted(gauges.limits.items()):
+                limits.add_metric([kind], count)
+            yield limits
             draining = GaugeMetricFamily("hermes_daemon_draining", "1 while the daemon drains.",
                                          value=1 if daemon.state != "running" else 0)
             yield draining

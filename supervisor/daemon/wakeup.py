@@ -1,7 +1,8 @@
 """How the daemon's loop is woken, and how other threads get work done in it.
 
-The loop sleeps in select(2) on a self-pipe. Anything may write a byte to it: a reaper
-thread when a worker exits, the HTTP API when a turn is submitted, the signal machinery
+The loop sleeps in poll(2) on a self-pipe (not select(2): in a daemon that raised its descriptor
+limit for the HTTP API, the pipe may be numbered past 1,024). Anything may write a byte to it: a
+reaper thread when a worker exits, the HTTP API when a turn is submitted, the signal machinery
 (`signal.set_wakeup_fd`) when a signal arrives. Work that must run on the loop's thread
 (it owns the database connection and the leases), such as a cancel request from the HTTP
 API, is queued as a call whose future the caller waits on.
@@ -9,6 +10,7 @@ API, is queued as a call whose future the caller waits on.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 import queue
 import select
@@ -20,6 +22,8 @@ class Wakeup:
 
     def __init__(self) -> None:
         self._read, self.fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._poll = select.poll()
+        self._poll.register(self._read, select.POLLIN)
 
     def wake(self) -> None:
         try:
@@ -29,11 +33,7 @@ class Wakeup:
 
     def wait(self, timeout: float) -> None:
         """Return after `timeout` seconds, or sooner once woken (every pending wake-up consumed)."""
-        try:
-            ready, _, _ = select.select([self._read], [], [], max(0.0, timeout))
-        except InterruptedError:
-            return
-        if ready:
+        if self._poll.poll(max(0, math.ceil(timeout * 1000))):
             try:
                 while os.read(self._read, 4096):
                     pass
