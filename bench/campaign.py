@@ -21,10 +21,11 @@ import supervisor.chaos.runner as runner_module
 from bench.recovery import worker_args
 from bench.table import Figure, Report, median
 from hermes.state import SessionDB
-from supervisor.chaos.campaign import Campaign, CampaignConfig
+from supervisor.chaos.campaign import Campaign
+from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.scenarios import SCENARIOS, SESSION
 from supervisor.procs.pool import Pool
-from supervisor.targets import TARGETS
+from targetkit import registry
 
 FLOOR_TARGET = 250.0    # no-op worker cycles/s, jobs=2
 CYCLES_TARGET = 60.0    # single-tool campaign cycles/s once warm
@@ -276,7 +277,7 @@ def bench_upstream_campaign(report: Report, bench_dir: Path, jobs: int, limit: i
     """Upstream hermes-agent's exhaustive campaign on single-tool and writes against ours, both
     whole (template start included), each on a pool of its own; skipped when it is not installed."""
     name = "campaign upstream hermes-agent, exhaustive single-tool+writes"
-    if not TARGETS["hermes-agent"].available():
+    if not registry.get("hermes-agent").available():
         report.add(Figure(f"{name}: cases/s", None, "/s", note="hermes-agent is not installed "
                                                                "(pip install 'hermes-supervisor[upstream]')"))
         return

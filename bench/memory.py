@@ -11,7 +11,7 @@ import psutil
 from bench.campaign import run_campaign
 from bench.recovery import RecoverySample
 from bench.table import Figure, Report, median
-from supervisor.chaos.campaign import CampaignConfig
+from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.scenarios import SCENARIOS
 from supervisor.procs.pool import Pool
 

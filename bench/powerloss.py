@@ -36,8 +36,9 @@ from typing import Any, Callable, Iterator
 import supervisor.chaos.runner as runner_module
 from bench.campaign import measure_campaign
 from bench.table import Figure, Report, median
-from supervisor.chaos.campaign import CampaignConfig, summarize
+from supervisor.chaos.campaign import summarize
 from supervisor.chaos.checker.verdict import VIOLATION_CLASSES
+from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSServer, why_unavailable
 from supervisor.chaos.runner import CaseRunner
 

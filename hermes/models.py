@@ -1,7 +1,9 @@
 """What the endpoint says about a model (context window), asked once and cached.
 
-Only compaction needs it, so it is fetched lazily: starting an agent, and so
-recovering from a crash, never waits on the network for it.
+Nothing in the runtime asks it today: compaction is sized in rows (`--compact-above`), not by a
+context window. The module stays because the seed contract patches `fetch_model_metadata` by
+this path (upstream's `agent.model_metadata`); were compaction sized by the window, it would be
+fetched lazily, so that starting an agent, and so recovering from a crash, never waits on it.
 """
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def _env() -> dict[str, str]:
 
 
 def _worker_argv(command: str, directory: Path, url: str, model: str) -> list[str]:
-    return [command, "--target", "langgraph", "--durability", "sync", "--db", str(directory / "state.db"),
+    return [command, "--target", "langgraph", "--target-option", "durability=sync", "--db", str(directory / "state.db"),
             "--session", SESSION, "--base-url", url, "--model", model, "--ledger", str(directory / "effects.db")]
 
 

@@ -17,7 +17,7 @@ each with the interpreter that has its extra (`--python`), and their condensed r
 
 Every violation carries its class (damage or contract) and its promise (broken-promise,
 documented-behaviour, beyond-promise: supervisor.chaos.checker.promises, from the target's record
-in supervisor.targets); the table splits each class by promise and shows apart what fires with
+in each target's `targetkit.Target` record); the table splits each class by promise and shows apart what fires with
 no kill at all (the violations of the fault-free cases). A row stored before violations carried a
 promise keeps only its counts by (invariant, class): its split is derived from them where the
 target gives every condition of an invariant one label, and otherwise said to need a rerun.
@@ -147,8 +147,8 @@ def _version(python: str, distribution: str) -> str:
 
 
 def _available(python: str, target: str) -> bool:
-    done = subprocess.run([python, "-c", "import sys; from supervisor.targets import TARGETS; "
-                           "sys.exit(0 if TARGETS[sys.argv[1]].available() else 1)", target],
+    done = subprocess.run([python, "-c", "import sys; from targetkit import registry; "
+                           "sys.exit(0 if registry.get(sys.argv[1]).available() else 1)", target],
                           cwd=REPO, capture_output=True, check=False)
     return done.returncode == 0
 
@@ -211,13 +211,21 @@ def span(values: Iterable[float | int | None], unit: str = "") -> str:
     return f"{fmt(low)}{unit}" if fmt(low) == fmt(high) else f"{fmt(low)}–{fmt(high)}{unit}"
 
 
+def _promises(row: Row) -> Any:
+    """What the row's target promises with the options its campaign ran with."""
+    from targetkit import registry
+    from targetkit.target import option_pairs
+
+    given = [row.extra[i + 1] if arg == "--target-option" else f"durability={row.extra[i + 1]}"
+             for i, arg in enumerate(row.extra[:-1]) if arg in ("--target-option", "--durability")]
+    return registry.get(row.target).promises_for(option_pairs(given))
+
+
 def derived_split(row: Row, run: dict[str, Any]) -> dict[str, dict[str, dict[str, list[int]]]] | None:
     """A run stored without promises, split by the target's labels from its (invariant, class) counts: only
     when the target gives every condition of each of those invariants one label (None otherwise)."""
     from supervisor.chaos.checker.promises import uniform_promise
-    from supervisor.targets import TARGETS
-
-    promises = TARGETS[row.target].promises_for(row.extra)
+    promises = _promises(row)
     split: dict[str, dict[str, dict[str, list[int]]]] = {}
     for inv, classes in run["by_invariant"].items():
         label = uniform_promise(promises, inv)
@@ -239,9 +247,7 @@ def _docs(row: Row, run: dict[str, Any]) -> dict[tuple[str, str, str], list[str]
     if derived_split(row, run) is None:
         return {}  # not split: no label is shown, so no document either
     from supervisor.chaos.checker.promises import uniform_promise
-    from supervisor.targets import TARGETS
-
-    promises = TARGETS[row.target].promises_for(row.extra)
+    promises = _promises(row)
     found = {}
     for inv, classes in run["by_invariant"].items():
         label = uniform_promise(promises, inv)

@@ -2,7 +2,7 @@
 
     hermes-supervisor chaos [--mode exhaustive|double|random|pause] [--scenario NAME ...] [--jobs N]
                             [--shard I/N] [--seed S --runs N] [--report DIR] [--case ID] [--list-points]
-                            [--target NAME] [--durability exit|async|sync|all]   (the latter: langgraph only)
+                            [--target NAME [--target-option KEY=VALUE|KEY=all ...]] [--list-targets]
     hermes-supervisor merge OUT_DIR SHARD_DIR...   (one report from the --report DIRs of --shard 1/N ... N/N)
     hermes-supervisor check --db PATH [--session ID]
     hermes-supervisor serve|submit|status|result ...   (the daemon; see --help of each)
@@ -32,20 +32,17 @@ from supervisor.chaos.generator import MODES
 from supervisor.chaos.nemesis import FAULT_OPTIONS
 from supervisor.chaos.scenarios import SCENARIOS
 from supervisor.daemon import cli as daemon_cli
-from supervisor.targets import DEFAULT_TARGET, TARGETS
-from worker.targets.langgraph import DEFAULT_DURABILITY, DURABILITY_MODES  # imports no LangGraph
+from targetkit import OptionError, Target, UnknownTarget, registry
+from targetkit.target import option_pairs
 
 if TYPE_CHECKING:
-    from supervisor.chaos.campaign import CampaignConfig
+    from supervisor.chaos.config import CampaignConfig
     from supervisor.chaos.runner import CaseResult
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 3  # stopped by SIGINT/SIGTERM (supervisor.chaos.live); a merge of partial shards
 
-# `--durability` is LangGraph's own durability mode (worker.targets.langgraph: DURABILITY_MODES, default
-# DEFAULT_DURABILITY), passed to every worker of a campaign as the target's option; `all` runs the
-# campaign once per mode.
-DURABILITY_TARGETS = ("langgraph",)
+ALL = "all"  # `--target-option KEY=all`: the campaign once per value the option takes
 
 
 class Interrupted(Exception):
@@ -97,12 +94,17 @@ def _add_chaos(commands: argparse._SubParsersAction) -> None:
                        help="merged worker log, JSON lines (default: DIR/workers.log with --report)")
     chaos.add_argument("--history", type=Path, default=None, help="stream the history to this JSONL file")
     chaos.add_argument("--list-points", action="store_true", help="print the kill points and exit")
-    chaos.add_argument("--target", choices=tuple(TARGETS), default=DEFAULT_TARGET,
-                       help="the agent under test: " + " or ".join(t.description for t in TARGETS.values()))
-    chaos.add_argument("--durability", choices=(*DURABILITY_MODES, "all"), default=None,
-                       help=f"--target langgraph only: LangGraph's durability mode in every worker (default: "
-                            f"{DEFAULT_DURABILITY}); all runs the campaign once per mode, each in a subdirectory "
-                            "of --report and --workdir named after it, and exits with the worst status")
+    chaos.add_argument("--target", default=registry.DEFAULT,
+                       help="the agent under test: hermes (ours, the default), hermes-agent, openai-agents, "
+                            "langgraph, or any target an installed package registers (--list-targets)")
+    chaos.add_argument("--list-targets", action="store_true",
+                       help="print every target found, whether it can run here, and its options; then exit")
+    chaos.add_argument("--target-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="an option of the target, given to every worker and checked by the target; "
+                            "KEY=all runs the campaign once per value, each in a subdirectory of --report and "
+                            "--workdir named after it, and exits with the worst status")
+    chaos.add_argument("--durability", default=None, metavar="MODE",
+                       help="--target-option durability=MODE, LangGraph's spelling (exit, async, sync or all)")
     chaos.add_argument("--campaign-id", default=None, metavar="ID",
                        help="name the campaign in its report (shards of one campaign share it; merge checks it); "
                             "default: made of the mode, the seed and the options")
@@ -136,34 +138,59 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _list_points(target: str) -> str:
-    """The kill points, one a line; for a target other than ours, those its adapter says it never
-    reaches (`UNREACHABLE_POINTS` of its module in worker.targets) carry the reason."""
-    unreachable: dict[str, str] = {}
-    if target != DEFAULT_TARGET:
-        import importlib
-
-        from worker.targets import ADAPTERS
-
-        unreachable = getattr(importlib.import_module(ADAPTERS[target]), "UNREACHABLE_POINTS", {})
-    return "\n".join(f"{p}  (not reached on {target}: {unreachable[p]})" if p in unreachable else p
-                     for p in POINTS)
+def _target(name: str) -> Target:
+    try:
+        return registry.get(name)
+    except UnknownTarget as exc:
+        raise UsageError(str(exc)) from None
 
 
-def _durability_modes(args: argparse.Namespace) -> tuple[str | None, ...]:
-    """The durability modes to run the campaign in: (None,) for a target without the option."""
-    if args.target not in DURABILITY_TARGETS:
-        if args.durability is not None:
-            raise UsageError(f"--durability applies to --target {' or '.join(DURABILITY_TARGETS)} only")
-        return (None,)
-    if args.durability == "all":
-        return DURABILITY_MODES
-    return (args.durability or DEFAULT_DURABILITY,)
+def _list_points(target: Target) -> str:
+    """The kill points, one a line; those the target never reaches (`Target.unreachable`) with the reason."""
+    return "\n".join(f"{p}  (not reached on {target.name}: {target.unreachable[p]})" if p in target.unreachable
+                     else p for p in POINTS)
+
+
+def _list_targets() -> str:
+    lines = []
+    for name in registry.names():
+        try:
+            target = registry.get(name)
+        except UnknownTarget as exc:
+            lines.append(f"{name}  (does not load: {exc})")
+            continue
+        problem = target.missing()
+        lines.append(f"{name}  {target.description}{'' if problem is None else '  [not installed: ' + problem + ']'}")
+        for key, option in target.options.items():
+            lines.append(f"    --target-option {key}={'|'.join(option.choices)}  (default {option.default})"
+                         f"{': ' + option.help if option.help else ''}")
+    return "\n".join(lines)
+
+
+def _option_runs(args: argparse.Namespace) -> tuple[str | None, list[dict[str, str]]]:
+    """The campaigns to run, as the target's options of each: one, or one per value of the option
+    given as KEY=all (whose KEY is returned, None otherwise). UsageError for an option the target
+    does not take."""
+    target = _target(args.target)
+    given = list(args.target_option) + ([f"durability={args.durability}"] if args.durability else [])
+    try:
+        pairs = option_pairs(given)
+        spread = [key for key, value in pairs.items() if value == ALL]
+        if len(spread) > 1:
+            raise UsageError(f"only one target option may be {ALL}, not {', '.join(spread)}")
+        if not spread:
+            return None, [target.check_options(pairs)]
+        key = spread[0]
+        if key not in target.options:
+            target.check_options(pairs)  # says it has no such option
+        return key, [target.check_options({**pairs, key: value}) for value in target.options[key].choices]
+    except OptionError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _in_mode(args: argparse.Namespace, mode: str) -> argparse.Namespace:
-    """`args` for the campaign of one mode of several: its report and case directories in a
-    subdirectory named after the mode, its log and history files suffixed with it."""
+    """`args` for the campaign of one value of an option of several (`KEY=all`): its report and case
+    directories in a subdirectory named after the value, its log and history files suffixed with it."""
     def suffixed(path: Path | None) -> Path | None:
         return None if path is None else path.with_name(f"{path.stem}-{mode}{path.suffix}")
 
@@ -173,36 +200,40 @@ def _in_mode(args: argparse.Namespace, mode: str) -> argparse.Namespace:
 
 
 def run_chaos(args: argparse.Namespace) -> int:
-    if args.list_points:
-        print(_list_points(args.target))
+    if args.list_targets:
+        print(_list_targets())
         return EXIT_OK
-    modes = _durability_modes(args)
+    if args.list_points:
+        print(_list_points(_target(args.target)))
+        return EXIT_OK
+    spread, runs = _option_runs(args)
     if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
         raise UsageError(f"--workdir {args.workdir} exists and is not a directory")
-    if len(modes) == 1:
-        return _run_chaos_once(args, () if modes[0] is None else ("--durability", modes[0]))[0]
+    if spread is None:
+        return _run_chaos_once(args, runs[0])[0]
     figures: dict[str, dict[str, Any]] = {}
     worst = EXIT_OK
-    for mode in modes:
-        print(f"== durability {mode} ==", flush=True)
-        code, summary = _run_chaos_once(_in_mode(args, mode), ("--durability", str(mode)))
+    for options in runs:
+        value = options[spread]
+        print(f"== {spread} {value} ==", flush=True)
+        code, summary = _run_chaos_once(_in_mode(args, value), options)
         worst = max(worst, code)
-        figures[str(mode)] = {"exit": code, **{k: summary[k] for k in ("cases", "kills", "no_kill",
-                                                                       "violations_by_class", "wall_seconds")}}
-    for mode, f in figures.items():
-        print(f"durability {mode}: exit {f['exit']}, {f['cases']} cases, {f['kills']} landed kills, "
+        figures[value] = {"exit": code, **{k: summary[k] for k in ("cases", "kills", "no_kill",
+                                                                   "violations_by_class", "wall_seconds")}}
+    for value, f in figures.items():
+        print(f"{spread} {value}: exit {f['exit']}, {f['cases']} cases, {f['kills']} landed kills, "
               f"{f['no_kill']} no-kill, violations {f['violations_by_class']}, wall {f['wall_seconds']:.1f}s")
     if args.report is not None:
         from supervisor.chaos.history import write_json
 
-        write_json(args.report / "durability.json", figures)
-        print(f"report: {args.report / 'durability.json'}")
+        write_json(args.report / f"{spread}.json", figures)
+        print(f"report: {args.report / f'{spread}.json'}")
     return worst
 
 
-def _run_chaos_once(args: argparse.Namespace, target_args: tuple[str, ...]) -> tuple[int, dict[str, Any]]:
+def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[int, dict[str, Any]]:
     """One campaign; its exit status and summary."""
-    from supervisor.chaos.campaign import CampaignConfig
+    from supervisor.chaos.config import CampaignConfig
 
     kill_modes = ("self", "external") if args.kill_mode == "both" else (args.kill_mode,)
     config = CampaignConfig(scenarios=args.scenario or sorted(SCENARIOS), mode=args.mode, seed=args.seed,
@@ -211,7 +242,7 @@ def _run_chaos_once(args: argparse.Namespace, target_args: tuple[str, ...]) -> t
                             case_ids=tuple(args.case or ()), probes=tuple(args.probe or ()),
                             forkserver=not args.no_forkserver, faults=args.faults,
                             case_files=args.report / "cases" if args.report else None, target=args.target,
-                            target_args=target_args, synchronous=args.synchronous)
+                            target_options=tuple(sorted(options.items())), synchronous=args.synchronous)
     _check_runnable(config, args.workdir)
     if args.report is not None:
         make_private_dirs(args.report)
@@ -237,9 +268,9 @@ def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
     from supervisor.chaos.generator import Case
     from supervisor.chaos.nemesis import powerloss, storage
 
-    target = TARGETS[config.target]
-    if not target.available():
-        raise UsageError(target.install_hint)
+    problem = _target(config.target).missing()
+    if problem is not None:
+        raise UsageError(problem)
     try:
         if workdir is not None:
             make_private_dirs(workdir)  # the campaign makes it too; a storage fault is tried in it first

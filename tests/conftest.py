@@ -35,9 +35,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     from worker.targets import hermes_agent
 
-    if hermes_agent.available():
+    if hermes_agent.TARGET.available():
         return
-    why = (f"hermes-agent is not installed in this environment ({sys.prefix}): {hermes_agent.INSTALL_HINT}. "
+    why = (f"hermes-agent is not installed in this environment ({sys.prefix}): {hermes_agent.TARGET.install_hint}. "
            "./scripts/test runs the tests marked `upstream` in .venv-upstream, which scripts/setup makes")
     if _in_ci():
         pytest.fail(f"CI=true and {why}", pytrace=False)

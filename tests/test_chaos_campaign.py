@@ -19,7 +19,7 @@ import pytest
 
 from hermes.probes import POINTS
 from hermes.state import SessionDB
-from supervisor.chaos.campaign import CampaignConfig
+from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.generator import Case, case_file_stem, in_shard, random_cases
 from supervisor.chaos.nemesis import Fault
 from supervisor.chaos.scenarios import SCENARIOS

@@ -22,8 +22,8 @@ import pytest
 from test_html_report import dom_of, needs_chromium
 
 from supervisor import cli
-from supervisor.chaos.campaign import CampaignConfig
 from supervisor.chaos.checker import NO_KILL, Verdict, Violation
+from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.generator import Case, RandomPlan, random_cases
 from supervisor.chaos.history import write_json
 from supervisor.chaos.live import RESULTS_FILE, Console, entry

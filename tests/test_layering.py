@@ -1,8 +1,9 @@
 """Imports only point down, and supervisor/ has no import cycle.
 
-Every module of hermes/, worker/, supervisor/, testkit/ and bench/ is read with `ast` (never
-imported). The layers: `hermes` imports neither `worker` nor `supervisor`; `worker` does not
-import `supervisor`; nothing but `bench` imports `bench`; `testkit` stands on its own. Any
+Every module of hermes/, targetkit/, worker/, supervisor/, testkit/ and bench/ is read with `ast`
+(never imported). The layers: `hermes` imports neither `worker` nor `supervisor`; `targetkit` (the
+public kit a target is written with) stands on `hermes` alone; `worker` does not import
+`supervisor`; nothing but `bench` imports `bench`; `testkit` stands on its own. Any
 import counts, at module level or inside a function. Cycles are looked for among the
 module-level imports inside supervisor/ (an import under `if TYPE_CHECKING:` never runs).
 """
@@ -15,14 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("hermes", "worker", "supervisor", "testkit", "bench")
+PACKAGES = ("hermes", "targetkit", "worker", "supervisor", "testkit", "bench")
 
 # package -> packages of ours it must never import
 FORBIDDEN = {
-    "hermes": {"worker", "supervisor", "testkit", "bench"},
+    "hermes": {"targetkit", "worker", "supervisor", "testkit", "bench"},
+    "targetkit": {"worker", "supervisor", "testkit", "bench"},
     "worker": {"supervisor", "testkit", "bench"},
     "supervisor": {"bench"},
-    "testkit": {"hermes", "worker", "supervisor", "bench"},
+    "testkit": {"hermes", "targetkit", "worker", "supervisor", "bench"},
 }
 
 

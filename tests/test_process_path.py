@@ -20,7 +20,7 @@ from supervisor.chaos.checker import check_case, load_durable
 from supervisor.chaos.history import snapshot_and_ask, snapshot_rows, summarize_rows
 from supervisor.chaos.scenarios import SESSION
 from supervisor.procs.pool import Pool
-from supervisor.targets import TARGETS
+from targetkit import registry
 from worker import forkserver, siblings
 from worker.ledger import Ledger
 from worker.targets import hermes as hermes_target
@@ -87,9 +87,9 @@ def test_preloading_imports_and_calls(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_upstream_targets_start_from_a_warm_template() -> None:
-    assert TARGETS["hermes-agent"].forkserver and TARGETS["hermes-agent"].preload
-    assert TARGETS["langgraph"].forkserver and TARGETS["langgraph"].preload
-    assert TARGETS["hermes"].forkserver
+    assert registry.get("hermes-agent").forkserver and registry.get("hermes-agent").preload
+    assert registry.get("langgraph").forkserver and registry.get("langgraph").preload
+    assert registry.get("hermes").forkserver
 
 
 @pytest.mark.chaos
@@ -100,7 +100,7 @@ def test_upstream_is_imported_by_the_template_against_a_home_of_its_own(tmp_path
     there by any worker) and is gone once the template has exited."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    pool = Pool(forkserver=True, env={"TMPDIR": str(scratch)}, preload=TARGETS["hermes-agent"].preload)
+    pool = Pool(forkserver=True, env={"TMPDIR": str(scratch)}, preload=registry.get("hermes-agent").preload)
     try:
         worker = pool.spawn(["resume", "--db", str(tmp_path / "absent.db"), "--session", "s", "--base-url",
                              "http://127.0.0.1:9/v1", "--model", "m", "--target", "hermes-agent"],

@@ -1,7 +1,7 @@
 """What each violation is to its target: broken-promise, documented-behaviour or beyond-promise, with its document.
 
 The class (damage, contract) is the invariants'; the promise is decided once per case, in
-`check_case`, from the target's record (supervisor.targets). Constructed violations go through
+`check_case`, from the target's record (`targetkit.Target`). Constructed violations go through
 `check_case` (and, for the conditions a case's kills decide, `label_promises`) for every target;
 a real campaign against ours with a planted defect shows that every violation of ours is a broken
 promise (the campaigns against LangGraph and the OpenAI Agents SDK are in their own test files).
@@ -26,35 +26,25 @@ from supervisor.chaos.checker.verdict import (
     DOCUMENTED_BEHAVIOUR,
     PROMISE_LABELS,
 )
-from supervisor.targets import (
-    ANY,
-    FULL_PROMISES,
-    HERMES_AGENT_CLAIMS,
-    HERMES_AGENT_SESSIONS,
-    LG_ASYNC,
-    LG_CLAIMS,
-    LG_EXIT,
-    LG_NODE_RERUN,
-    LG_PENDING_WRITES,
-    LG_RESUME,
-    LG_SYNC,
-    OA_CLAIMS,
-    OA_STORED_AFTER_RUN,
-    OUR_CONTRACT,
-    RERUN,
-    RERUN_AFTER_CHECKPOINT_KILL,
-    TARGETS,
-    Promises,
-)
+from targetkit import ANY, FULL_PROMISES, RERUN, RERUN_AFTER_CHECKPOINT_KILL, Promises, registry
+from targetkit.target import OUR_CONTRACT
+from worker.targets import hermes_agent, langgraph, openai_agents
+
+HERMES_AGENT_CLAIMS, HERMES_AGENT_SESSIONS = hermes_agent.CLAIMS_DOC, hermes_agent.SESSIONS_DOC
+LG_ASYNC, LG_EXIT, LG_SYNC = (langgraph.MODE_DOCS[mode] for mode in ("async", "exit", "sync"))
+LG_CLAIMS, LG_NODE_RERUN = langgraph.CLAIMS_DOC, langgraph.NODE_RERUN_DOC
+LG_PENDING_WRITES, LG_RESUME = langgraph.PENDING_WRITES_DOC, langgraph.RESUME_DOC
+OA_CLAIMS, OA_STORED_AFTER_RUN = openai_agents.CLAIMS_DOC, openai_agents.STORED_AFTER_RUN_DOC
+TARGETS = registry.all_targets()
 
 REPO = Path(__file__).resolve().parent.parent
 DEFECTS = Path(__file__).resolve().parent / "defects"
 
-SYNC = TARGETS["langgraph"].promises_for(("--durability", "sync"))
-ASYNC = TARGETS["langgraph"].promises_for(("--durability", "async"))
-EXIT = TARGETS["langgraph"].promises_for(("--durability", "exit"))
-SDK = TARGETS["openai-agents"].promises_for(())
-UPSTREAM = TARGETS["hermes-agent"].promises_for(())
+SYNC = TARGETS["langgraph"].promises_for({"durability": "sync"})
+ASYNC = TARGETS["langgraph"].promises_for({"durability": "async"})
+EXIT = TARGETS["langgraph"].promises_for({"durability": "exit"})
+SDK = TARGETS["openai-agents"].promises_for({})
+UPSTREAM = TARGETS["hermes-agent"].promises_for({})
 
 
 def _effect(call: str = "c1", incarnation: int = 1, *, request: bool = True, intent: bool = False) -> dict[str, Any]:
@@ -107,7 +97,7 @@ def test_every_violation_of_ours_is_a_broken_promise_on_our_contract(tmp_path: P
     # Whatever the invariant and condition, a rerun included (LangGraph documents that one).
     for inv in INVARIANTS:
         for condition in (*CONDITIONS.get(inv, ()), ANY):
-            assert promise_of(TARGETS["hermes"].promises_for(()), inv, condition) == (BROKEN_PROMISE, OUR_CONTRACT)
+            assert promise_of(TARGETS["hermes"].promises_for({}), inv, condition) == (BROKEN_PROMISE, OUR_CONTRACT)
 
 
 # ------------------------------------------------------------------ LangGraph
@@ -196,7 +186,9 @@ def test_upstream_hermes_promises_only_its_stored_history(tmp_path: Path) -> Non
 
 # ------------------------------------------------------------------ the records themselves
 def test_every_target_record_names_real_invariants_and_conditions_and_a_document_for_every_label() -> None:
-    every = [(t.name, p) for t in TARGETS.values() for p in (t.promises, *t.promises_with.values())]
+    every = [(t.name, t.promises_for({key: value})) for t in TARGETS.values()
+             for key, option in t.options.items() for value in option.choices]
+    every += [(t.name, t.promises) for t in TARGETS.values()]
     for name, promises in every:
         assert promises.contract or promises.claims, name
         for (inv, condition), doc in {**promises.promised, **promises.documented}.items():

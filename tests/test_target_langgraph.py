@@ -14,18 +14,19 @@ from test_chaos_campaign import read_report, supervisor
 from hermes.probes import POINTS
 from hermes.state import SessionDB, open_snapshot
 from supervisor import cli
-from supervisor.chaos.campaign import CampaignConfig
 from supervisor.chaos.checker import check_structure
+from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.durable import load_durable
 from supervisor.chaos.generator import Case
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, campaign_script
 from supervisor.chaos.schema import langgraph as reader
-from supervisor.targets import TARGETS, schema_of
+from targetkit import registry
+from targetkit.registry import schema_of
 from worker import targets as worker_targets
 from worker.targets import UsageError
 from worker.targets import langgraph as adapter
 
-TARGET = TARGETS["langgraph"]
+TARGET = registry.get("langgraph")
 needs_langgraph = pytest.mark.skipif(not TARGET.available(), reason="LangGraph is not installed "
                                      "(pip install 'hermes-supervisor[langgraph]')")
 SESSION = "lg-test"
@@ -34,33 +35,35 @@ SESSION = "lg-test"
 # ------------------------------------------------------------- without LangGraph
 def test_a_missing_langgraph_is_a_usage_error_with_the_install_hint(monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    absent = ("no_such_module_for_the_langgraph_target",)
-    monkeypatch.setitem(TARGETS, "langgraph", dataclasses.replace(TARGET, modules=absent))
+    absent = dataclasses.replace(TARGET, modules=("no_such_module_for_the_langgraph_target",))
+    real = registry.get
+    monkeypatch.setattr(registry, "get", lambda name: absent if name == "langgraph" else real(name))
     assert cli.main(["chaos", "--target", "langgraph", "--scenario", "single-tool"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'hermes-supervisor[langgraph]'" in err[0]
-    monkeypatch.setattr(adapter, "MODULES", absent)
     with pytest.raises(UsageError, match=r"hermes-supervisor\[langgraph\]"):
         worker_targets.adapter("langgraph")
 
 
 def test_durability_belongs_to_langgraph_and_its_points_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["chaos", "--durability", "sync", "--scenario", "single-tool"]) == cli.EXIT_USAGE
-    assert "--durability applies to --target langgraph" in capsys.readouterr().err
+    assert "--target hermes has no option 'durability'" in capsys.readouterr().err
+    assert cli.main(["chaos", "--target", "langgraph", "--target-option", "durability=fast"]) == cli.EXIT_USAGE
+    assert "takes exit, async, sync, not 'fast'" in capsys.readouterr().err
     assert cli.main(["chaos", "--list-points", "--target", "langgraph"]) == cli.EXIT_OK
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == list(POINTS)
-    assert [line.split()[0] for line in lines if "not reached on langgraph" in line] == list(adapter.UNREACHABLE_POINTS)
+    assert [line.split()[0] for line in lines if "not reached on langgraph" in line] == list(TARGET.unreachable)
 
 
-def test_target_args_reach_every_worker_and_every_repro_line(tmp_path: Path) -> None:
+def test_target_options_reach_every_worker_and_every_repro_line(tmp_path: Path) -> None:
     from supervisor.chaos.runner import CaseRunner
 
-    config = CampaignConfig(scenarios=["single-tool"], target="langgraph", target_args=("--durability", "exit"))
+    config = CampaignConfig(scenarios=["single-tool"], target="langgraph", target_options=(("durability", "exit"),))
     runner = CaseRunner(Case("single-tool"), tmp_path, "http://127.0.0.1:9/v1", None, None, config)  # type: ignore[arg-type]
     argv = runner._worker_args("resume", tmp_path / "state.db", tmp_path / "effects.db", "http://127.0.0.1:9/v1")
-    assert argv[-4:] == ["--target", "langgraph", "--durability", "exit"]
-    assert runner._repro_flags() == ("--target langgraph", "--durability exit")
+    assert argv[-4:] == ["--target", "langgraph", "--target-option", "durability=exit"]
+    assert runner._repro_flags() == ("--target langgraph", "--target-option durability=exit")
 
 
 def test_the_reader_recognizes_only_a_langgraph_store(tmp_path: Path) -> None:
@@ -191,7 +194,7 @@ def test_a_short_exhaustive_campaign_judges_every_case(tmp_path: Path) -> None:
     assert all(v["class"] in ("damage", "contract") for v in report["violations"])
     # LangGraph records no dispatch intents: a CONTRACT finding, never DAMAGE.
     assert {v["class"] for v in report["violations"] if v["invariant"] == "durable-before-effect"} <= {"contract"}
-    assert all("--target langgraph --durability sync" in r["repro"] for r in report["results"])
+    assert all("--target langgraph --target-option durability=sync" in r["repro"] for r in report["results"])
 
 
 @pytest.mark.chaos
@@ -259,5 +262,5 @@ def test_durability_all_runs_one_campaign_per_mode(tmp_path: Path) -> None:
     for mode in figures:
         report = read_report(out / mode)
         assert report["cases"] == 1
-        assert report["results"][0]["repro"].endswith(f"--target langgraph --durability {mode}")
+        assert report["results"][0]["repro"].endswith(f"--target langgraph --target-option durability={mode}")
         assert (tmp_path / "work" / mode).is_dir()

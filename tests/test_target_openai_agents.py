@@ -19,11 +19,11 @@ from supervisor import cli
 from supervisor.chaos.checker import check_structure
 from supervisor.chaos.schema import hermes_agent as upstream_schema
 from supervisor.chaos.schema import openai_agents as reader
-from supervisor.targets import TARGETS
+from targetkit import registry
 from worker.targets import openai_agents as adapter
 
 REPO = Path(__file__).resolve().parent.parent
-needs_sdk = pytest.mark.skipif(not adapter.available(),
+needs_sdk = pytest.mark.skipif(not adapter.TARGET.available(),
                                reason="the OpenAI Agents SDK is not installed (pip install "
                                       "'hermes-supervisor[openai-agents]' installs openai-agents>=0.24,<0.25)")
 SESSION = "chaos-session"
@@ -69,20 +69,20 @@ def test_last_turn_reads_the_sessions_items() -> None:
 
 
 def test_every_unreachable_point_is_a_known_point_with_a_reason() -> None:
-    assert set(adapter.UNREACHABLE_POINTS) <= set(POINTS)
-    assert all(reason.strip() for reason in adapter.UNREACHABLE_POINTS.values())
+    assert set(adapter.TARGET.unreachable) <= set(POINTS)
+    assert all(reason.strip() for reason in adapter.TARGET.unreachable.values())
 
 
 def test_the_target_is_registered_with_what_the_sdk_does_not_promise() -> None:
-    target = TARGETS["openai-agents"]
-    assert target.schema is reader and target.modules == ("agents",) and target.extra == "openai-agents"
+    target = registry.get("openai-agents")
+    assert target.reader() is reader and target.modules == ("agents",) and target.extra == "openai-agents"
     assert not (target.promises.dispatch_intents or target.promises.stream_retraction
                 or target.promises.durable_projections)
     assert "pip install 'hermes-supervisor[openai-agents]'" in target.install_hint
 
 
 def test_without_the_sdk_the_command_says_how_to_get_it(capsys: pytest.CaptureFixture[str]) -> None:
-    if adapter.available():
+    if adapter.TARGET.available():
         pytest.skip("the OpenAI Agents SDK is installed; the missing-package message cannot be shown")
     assert cli.main(["chaos", "--target", "openai-agents", "--scenario", "single-tool"]) == cli.EXIT_USAGE
     assert "pip install 'hermes-supervisor[openai-agents]'" in capsys.readouterr().err
@@ -185,7 +185,7 @@ def test_a_short_exhaustive_campaign_lands_its_kills_and_classes_every_violation
     fault_free = {(v["invariant"], v["promise"]) for v in report["violations"] if v["probe"] is None}
     assert fault_free == labels  # all of it fires with no kill at all
     # Every kill point the SDK can have was reached (the resumes reach resume.*); the rest are listed.
-    assert set(report["reached"]) == set(POINTS) - set(adapter.UNREACHABLE_POINTS)
+    assert set(report["reached"]) == set(POINTS) - set(adapter.TARGET.unreachable)
 
 
 @pytest.mark.chaos
@@ -194,7 +194,8 @@ def test_a_short_exhaustive_campaign_lands_its_kills_and_classes_every_violation
 def test_a_tool_killed_before_the_sessions_write_runs_again_on_resume(tmp_path: Path) -> None:
     """The SDK stores a tool call with its output, after the tool ran: a kill in between loses both, and the
     resumed run (which never re-sends the durable question) runs the at-most-once tool a second time."""
-    from supervisor.chaos.campaign import Campaign, CampaignConfig
+    from supervisor.chaos.campaign import Campaign
+    from supervisor.chaos.config import CampaignConfig
 
     case = "writes/probe:self@tool.dispatch.after:1@t0p0+probe:self@resume.reconciled:1@t0p1"
     config = CampaignConfig(scenarios=["writes"], jobs=1, workdir=tmp_path / "work", keep=True,

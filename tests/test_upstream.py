@@ -63,7 +63,7 @@ def test_check_reads_upstream_schema(tmp_path: Path) -> None:
 
 
 def test_without_hermes_agent_the_command_says_how_to_get_it(capsys: pytest.CaptureFixture[str]) -> None:
-    if upstream.available():
+    if upstream.TARGET.available():
         pytest.skip("hermes-agent is installed; the missing-package message cannot be shown")
     assert cli.main(["chaos", "--target", "hermes-agent", "--scenario", "single-tool"]) == cli.EXIT_USAGE
     assert "pip install 'hermes-supervisor[upstream]'" in capsys.readouterr().err
@@ -72,7 +72,8 @@ def test_without_hermes_agent_the_command_says_how_to_get_it(capsys: pytest.Capt
 @pytest.mark.chaos
 @pytest.mark.upstream  # needs hermes-agent: skipped without it, failed in CI (tests/conftest.py)
 def test_one_upstream_case_end_to_end(tmp_path: Path) -> None:
-    from supervisor.chaos.campaign import Campaign, CampaignConfig
+    from supervisor.chaos.campaign import Campaign
+    from supervisor.chaos.config import CampaignConfig
 
     config = CampaignConfig(scenarios=["single-tool"], jobs=1, workdir=tmp_path, keep=True, target="hermes-agent",
                             case_ids=("single-tool/probe:self@callback.tool_complete.before:1@t0p0",))
@@ -88,7 +89,8 @@ def test_one_upstream_case_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.chaos
 @pytest.mark.upstream  # needs hermes-agent: skipped without it, failed in CI (tests/conftest.py)
 def test_the_adapter_places_the_model_flush_txn_and_resume_probes(tmp_path: Path) -> None:
-    from supervisor.chaos.campaign import Campaign, CampaignConfig
+    from supervisor.chaos.campaign import Campaign
+    from supervisor.chaos.config import CampaignConfig
     from supervisor.chaos.generator import case_file_stem
 
     in_txn = "single-tool/probe:self@flush.in_txn:2@t0p0+probe:self@resume.reconciled:1@t0p1"

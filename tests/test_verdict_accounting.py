@@ -194,7 +194,8 @@ def test_self_kills_are_counted_apart_from_the_kills_the_nemesis_landed(tmp_path
 def test_a_timer_that_went_off_late_is_aimed_earlier_each_time(tmp_path: Path) -> None:
     """A run whose worker outlived its timer's delay and still was not killed (the timer went off
     late) is aimed a quarter earlier; every run is kept, and the case is the last one's."""
-    from supervisor.chaos.campaign import Campaign, CampaignConfig
+    from supervisor.chaos.campaign import Campaign
+    from supervisor.chaos.config import CampaignConfig
 
     campaign = Campaign(CampaignConfig(scenarios=["single-tool"], forkserver=False, keep=True, workdir=tmp_path))
     delays: list[int] = []

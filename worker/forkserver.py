@@ -14,7 +14,7 @@ re-parented to the supervisor (a child subreaper).
 template imports each such module (and calls that function of it, e.g. to give upstream
 Hermes a neutral home to import against, see worker.targets.hermes_agent.preload), so a
 target's own packages (upstream's `run_agent`, LangGraph, the Agents SDK) are imported once
-per template instead of once per worker (supervisor.targets: `Target.preload`).
+per template instead of once per worker (`targetkit.Target.preload`).
 
 Request frame (worker.protocol.send_with_fds): {"argv": [...]} with two file
 descriptors attached: the worker's control socket and its stderr pipe. Reply:
@@ -88,8 +88,8 @@ def warm_up() -> None:
     the workers' HTTP client and its TLS context (worker.targets.hermes.http_client), then run
     one plain and one streamed model call through an in-memory transport (no socket, no
     thread, no database), and import the codec getaddrinfo needs for a host name; parse a
-    worker's command lines once, resolve the chaos toolset and quiet the HTTP libraries'
-    loggers. Best effort: a failure here only leaves the workers as slow as fresh ones.
+    worker's command lines once, resolve the chaos toolset, read the targets' entry points and
+    quiet the HTTP libraries' loggers. Best effort: a failure here only leaves the workers as slow as fresh ones.
     """
     try:
         import encodings.idna  # noqa: F401  (socket.getaddrinfo encodes host names with it)
@@ -98,6 +98,7 @@ def warm_up() -> None:
         for argv in _WARM_UP_ARGV:
             parser.parse_args(argv)
         targets.load_tools("chaos")
+        targets.target("hermes")  # the registry's scan of the installed entry points, once
         worker_main.quiet_libraries()
         hermes_target.http_client("http://127.0.0.1:9/v1", 60.0)  # built once, for every worker
         httpx = hermes_target.sdk_http_module()

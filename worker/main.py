@@ -35,6 +35,7 @@ from hermes import probes
 from hermes.ids import session_id_argument
 from hermes.json_logs import JsonLines
 from hermes.text_files import UnreadableText, read_utf8
+from targetkit.target import OptionError, option_pairs
 from worker import targets
 from worker.link import ProbeWiring, SupervisorLink
 from worker.protocol import EXIT_OK, EXIT_TURN_FAILED, EXIT_USAGE, KILL_MODES, Channel, ChannelClosed, KillPlan
@@ -89,10 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                             help="read the system prompt from this file (UTF-8, taken exactly as written)")
         prompt.add_argument("--system-prompt", default=None,
                             help="the system prompt on the command line (visible in the process list)")
-        sub.add_argument("--target", default="hermes", choices=targets.NAMES,
-                         help="the agent under test: ours (default) or upstream's hermes-agent (see worker.targets)")
-        sub.add_argument("--durability", default=None, choices=("exit", "async", "sync"),
-                         help="--target langgraph only: LangGraph's durability mode (default: sync)")
+        sub.add_argument("--target", default="hermes",
+                         help="the agent under test: ours (hermes, the default) or any installed target "
+                              "(targetkit.registry)")
+        sub.add_argument("--target-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="an option of the target, checked by it (e.g. durability=async for langgraph)")
         if name == "run":
             message = sub.add_mutually_exclusive_group(required=True)
             message.add_argument("--message-file", type=Path, default=None, metavar="PATH",
@@ -186,8 +188,11 @@ def _validate(args: argparse.Namespace) -> KillPlan | None:
         raise UsageError(f"--db {args.db}: directory {args.db.parent} does not exist")
     if args.kill_mode != "self" and args.control is None:
         raise UsageError(f"--kill-mode {args.kill_mode} needs --control: the supervisor does the killing")
-    if args.durability is not None and args.target != "langgraph":
-        raise UsageError(f"--durability is LangGraph's option (--target langgraph), not --target {args.target}'s")
+    try:
+        target = targets.target(args.target)
+        args.target_options = target.check_options(option_pairs(args.target_option))
+    except OptionError as exc:
+        raise UsageError(str(exc)) from None
     plan = None
     if args.kill_at is not None:
         try:

@@ -15,7 +15,7 @@ import tempfile
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -23,6 +23,7 @@ from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
 from supervisor.chaos.checker import NO_KILL, UNFIRED, UNKNOWN, Verdict
 from supervisor.chaos.checker.verdict import VIOLATION_CLASSES, rank
+from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
 from supervisor.chaos.history import HistoryWriter, canonical_json, write_json
 from supervisor.chaos.nemesis.accounting import add_rows, campaign_rows, unlanded
@@ -33,38 +34,12 @@ from supervisor.chaos.plan import Plan
 from supervisor.chaos.runner import CaseResult, CaseRunner
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, campaign_script
 from supervisor.procs.pool import Pool, PoolStopped, WorkerProcess
-from supervisor.targets import DEFAULT_TARGET, TARGETS
+from targetkit import registry
 from testkit.modelserver import ScriptedModelServer
 
 # How many times a timer that went off after its worker had exited is aimed again (see run_case).
 TIMER_REAIMS = 2
 MODEL_REQUEST_LOG = 64  # requests the campaign's model server remembers (the checker reads the database)
-
-
-@dataclass
-class CampaignConfig:
-    scenarios: list[str]
-    mode: str = "exhaustive"
-    seed: int = 0
-    runs: int = 50
-    jobs: int = 2
-    shard: tuple[int, int] = (1, 1)
-    kill_modes: tuple[str, ...] = ("self",)
-    workdir: Path | None = None
-    keep: bool = False
-    max_restarts: int = 8
-    process_timeout: float = 60.0
-    limit: int | None = None
-    case_ids: tuple[str, ...] = ()
-    forkserver: bool = True
-    faults: tuple[str, ...] = ()  # extra nemesis faults on every case: see nemesis.FAULT_OPTIONS
-    case_files: Path | None = None  # when set, each case's result and history is written here as JSON
-    probes: tuple[str, ...] = ()  # only derive cases whose first fault is at one of these probes
-    target: str = DEFAULT_TARGET  # the system under test: a name in supervisor.targets.TARGETS
-    # Options of the target's own (e.g. ("--durability", "sync")): added to every worker's argv after
-    # `--target NAME`, and to each case's repro line, so they must be spelled the same on both.
-    target_args: tuple[str, ...] = ()
-    synchronous: str = "FULL"  # every worker's session database: FULL or NORMAL (`--synchronous`)
 
 
 class Campaign:
@@ -84,7 +59,7 @@ class Campaign:
         self.config = config
         self.progress = progress or (lambda line: None)
         # Workers start as forks of the warm template where the target allows it, else as fresh interpreters.
-        target = TARGETS[config.target]
+        target = registry.get(config.target)
         self.pool = Pool(forkserver=config.forkserver and target.forkserver, preload=target.preload)
         # Power cuts: lazy file system servers, kept from case to case (supervisor.chaos.nemesis.powerloss).
         self.lazyfs = LazyFSServers() if wants_power_cuts(config.faults) else None

@@ -2,7 +2,7 @@
 
 Read once from a private in-memory copy (`hermes.state.open_snapshot`), so reading never
 changes the files it describes, and decoded into one model whatever wrote it: the reader
-of the target whose schema it is (`supervisor.targets`, `supervisor.chaos.schema`). One
+of the target whose schema it is (`targetkit.registry`, `targetkit.schema`). One
 copy serves both the look at the schema and the read.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes.state import StorageError, open_snapshot
-from supervisor.targets import schema_of
+from targetkit.registry import schema_of
 
 
 @dataclass

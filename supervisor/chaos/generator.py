@@ -28,7 +28,7 @@ from supervisor.chaos.nemesis import TIMER_AIM, Fault
 from supervisor.chaos.scenarios import SCENARIOS
 
 if TYPE_CHECKING:
-    from supervisor.chaos.campaign import CampaignConfig
+    from supervisor.chaos.config import CampaignConfig
     from supervisor.chaos.runner import CaseResult
 
 MODES = ("exhaustive", "double", "random", "pause")

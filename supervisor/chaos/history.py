@@ -45,7 +45,7 @@ from hermes import private_files
 from hermes.state import StorageError, open_snapshot
 from hermes.transcript import is_blank_assistant
 from supervisor.chaos.durable import Durable
-from supervisor.targets import schema_of
+from targetkit.registry import schema_of
 
 _T = TypeVar("_T")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from hermes.state import StorageError, connect_readonly, open_snapshot
 from hermes.transcript import scrub_text
-from supervisor.chaos.schema import SchemaReader
+from targetkit.schema import SchemaReader
 
 
 def open_readonly(db_path: Path) -> sqlite3.Connection | None:

@@ -30,7 +30,7 @@ from supervisor.chaos.generator import Case, in_shard
 from supervisor.chaos.scenarios import SCENARIOS
 
 if TYPE_CHECKING:
-    from supervisor.chaos.campaign import CampaignConfig
+    from supervisor.chaos.config import CampaignConfig
 
 PLAN_VERSION = 1  # bumped when the same options would derive other cases
 
@@ -42,7 +42,7 @@ def options(config: CampaignConfig) -> dict[str, Any]:
             "runs": config.runs if config.mode == "random" else None,
             "scenarios": sorted(config.scenarios), "kill_modes": list(config.kill_modes),
             "probes": sorted(config.probes), "limit": config.limit, "case_ids": list(config.case_ids),
-            "target": config.target, "target_args": list(getattr(config, "target_args", ()))}
+            "target": config.target, "target_options": dict(getattr(config, "target_options", ()))}
 
 
 def _digest(value: Any) -> str:

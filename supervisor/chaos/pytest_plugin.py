@@ -54,7 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def campaign_config(text: str) -> tuple[Any, str | None]:
     """The CampaignConfig of ARGS (and its --campaign-id), checked as `hermes-supervisor chaos` checks it."""
     from supervisor import cli
-    from supervisor.chaos.campaign import CampaignConfig
+    from supervisor.chaos.config import CampaignConfig
     from supervisor.chaos.scenarios import SCENARIOS
 
     try:
@@ -62,16 +62,15 @@ def campaign_config(text: str) -> tuple[Any, str | None]:
         if args.mode == "double":
             raise cli.UsageError("--mode double derives its second kills from runs of its first: "
                                  "run it with hermes-supervisor chaos")
-        modes = cli._durability_modes(args) if hasattr(cli, "_durability_modes") else (None,)
-        if len(modes) > 1:
-            raise cli.UsageError("--durability all runs several campaigns: give one mode")
+        spread, runs = cli._option_runs(args)
+        if spread is not None:
+            raise cli.UsageError(f"--target-option {spread}=all runs several campaigns: give one value")
         kill_modes = ("self", "external") if args.kill_mode == "both" else (args.kill_mode,)
         config = CampaignConfig(scenarios=args.scenario or sorted(SCENARIOS), mode=args.mode, seed=args.seed,
                                 runs=args.runs, jobs=1, shard=args.shard, kill_modes=kill_modes,
                                 limit=args.limit, case_ids=tuple(args.case or ()), probes=tuple(args.probe or ()),
-                                forkserver=not args.no_forkserver, faults=args.faults, target=args.target)
-        if modes[0] is not None:
-            config.target_args = ("--durability", modes[0])
+                                forkserver=not args.no_forkserver, faults=args.faults, target=args.target,
+                                target_options=tuple(sorted(runs[0].items())))
         cli._check_runnable(config, None)
     except cli.UsageError as exc:
         raise pytest.UsageError(f"--hermes-chaos: {exc}") from None

@@ -54,10 +54,11 @@ from supervisor.chaos.nemesis.storage import StorageFault, hold_write_lock
 from supervisor.chaos.observe import Observer
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, SESSION, Scenario
 from supervisor.procs.pool import Pool, WorkerProcess
-from supervisor.targets import DEFAULT_TARGET, TARGETS
+from targetkit import registry
+from targetkit.target import as_worker_args
 
 if TYPE_CHECKING:
-    from supervisor.chaos.campaign import CampaignConfig
+    from supervisor.chaos.config import CampaignConfig
 
 AGENT_HOME = "hermes-home"  # beside the database: where the case's agent keeps its files
 PAUSE_SEEN_S = 5.0  # how long a SIGSTOPped worker may take to show as stopped
@@ -143,7 +144,7 @@ class CaseRunner:
                  lazyfs: LazyFSServers | None = None) -> None:
         self.case = case
         self.scenario: Scenario = SCENARIOS[case.scenario]
-        self.target = TARGETS[config.target]
+        self.target = registry.get(config.target)
         self.dir = _claim_dir(root, case_file_stem(case.case_id))
         # Under power cuts the state lives on a lazy file system (supervisor.chaos.nemesis.powerloss).
         self._power: PowerCuts | None = None
@@ -159,7 +160,7 @@ class CaseRunner:
         self.config = config
         self.on_log = on_log
         self.history = CaseHistory(case.case_id, sink)
-        self.observer = Observer(self.db, self.target.schema)
+        self.observer = Observer(self.db, self.target.reader())
         self._incarnations = 0
         self._where: dict[int, tuple[int, int]] = {}  # incarnation -> (turn, process)
         self._paused = threading.Event()
@@ -263,10 +264,10 @@ class CaseRunner:
 
     def _repro_flags(self) -> tuple[str, ...]:
         flags = []
-        if self.target.name != DEFAULT_TARGET:
+        if self.target.name != registry.DEFAULT:
             flags.append(f"--target {self.target.name}")
-        if self.config.target_args:
-            flags.append(shlex.join(self.config.target_args))
+        if self.config.target_options:
+            flags.append(shlex.join(as_worker_args(dict(self.config.target_options))))
         if self.config.faults:
             flags.append(f"--faults {','.join(self.config.faults)}")
         if self.config.synchronous != "FULL":
@@ -290,11 +291,11 @@ class CaseRunner:
                 *self.scenario.extra_args(command)]
         if self.config.synchronous != "FULL":
             args += ["--synchronous", self.config.synchronous]
-        if self.target.name != DEFAULT_TARGET:
+        if self.target.name != registry.DEFAULT:
             args += ["--target", self.target.name]
         else:  # the agent's own files (spilled results) live with the case's state, on its disk
             args += ["--home", str(db.parent / AGENT_HOME)]
-        return args + list(self.config.target_args)
+        return args + as_worker_args(dict(self.config.target_options))
 
     def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None,
                busy_budget: float = WORKER_BUSY_BUDGET_S) -> WorkerProcess:
@@ -593,7 +594,7 @@ class CaseRunner:
         seen = self._durable_seen
         final = seen[1] if seen is not None and not self._running and seen[0] == self._incarnations else self.db
         verdict = check_case(final, self.ledger, events, self.scenario.expectation(), planned=self.case.fault,
-                             promises=self.target.promises_for(self.config.target_args))
+                             promises=self.target.promises_for(dict(self.config.target_options)))
         self.observer.close()
         trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events
                  if e["type"] == "probe" and self._where[e["incarnation"]][1] >= 0]

@@ -1,16 +1,14 @@
-"""The systems a worker can run a turn of: one adapter per target, chosen with ``--target NAME``.
-
-An adapter is a module with
+"""The systems a worker can run a turn of, chosen with ``--target NAME``: each target's record
+(`targetkit.Target`, found through `targetkit.registry`) names its adapter, a module with
 
 - ``execute(args, link, report) -> int``: run or resume one turn as ``python -m worker`` was
-  asked (``args``), talking to the supervisor through ``link`` (None when run by hand), and
-  hand the outcome to ``report`` (which prints it, sends it, and gives the exit status);
-- ``missing() -> str | None``: why the target cannot run here (its package is not
-  installed, and how to get it), found without importing that package.
+  asked (``args``; the target's options checked, in ``args.target_options``), talking to the
+  supervisor through ``link`` (None when run by hand), and hand the outcome to ``report``
+  (which prints it, sends it, and gives the exit status).
 
-Adapters are imported only when chosen, so running one target never imports another's
-packages. What every adapter does the same way (the toolsets of ``--tools``, the effects
-ledger and the chaos tools, a UI event) lives here too.
+An adapter is imported only when its target is chosen and installed (`Target.missing`), so
+running one target never imports another's packages. What every adapter does the same way
+(the toolsets of ``--tools``, the effects ledger and the chaos tools, a UI event) lives here too.
 """
 from __future__ import annotations
 
@@ -21,20 +19,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
+from targetkit import Target, registry
+
 if TYPE_CHECKING:
     from worker.ledger import Ledger
     from worker.link import SupervisorLink
 
 log = logging.getLogger("worker")
-
-# name -> module of its adapter
-ADAPTERS = {
-    "hermes": "worker.targets.hermes",              # ours (hermes/)
-    "hermes-agent": "worker.targets.hermes_agent",  # upstream Hermes (PyPI hermes-agent)
-    "openai-agents": "worker.targets.openai_agents",  # the OpenAI Agents SDK (PyPI openai-agents)
-    "langgraph": "worker.targets.langgraph",  # a LangGraph StateGraph on its SqliteSaver (PyPI langgraph)
-}
-NAMES = tuple(ADAPTERS)
 
 # report(outcome) -> the worker's exit status, once the outcome is printed and sent.
 Report = Callable[[dict[str, Any]], int]
@@ -44,15 +35,21 @@ class UsageError(Exception):
     """Bad arguments, database, session or target: the worker prints one line and exits 2."""
 
 
+def target(name: str) -> Target:
+    """The target called `name` (targetkit.registry); UsageError when there is none."""
+    try:
+        return registry.get(name)
+    except registry.UnknownTarget as exc:
+        raise UsageError(str(exc)) from None
+
+
 def adapter(name: str) -> ModuleType:
     """The adapter module of target `name`; UsageError when it is unknown or cannot run here."""
-    if name not in ADAPTERS:
-        raise UsageError(f"unknown target {name!r}; known: {', '.join(NAMES)}")
-    module = importlib.import_module(ADAPTERS[name])
-    problem = module.missing()
+    chosen = target(name)
+    problem = chosen.missing()
     if problem is not None:
         raise UsageError(problem)
-    return module
+    return importlib.import_module(chosen.adapter)
 
 
 def load_tools(value: str) -> list[str]:

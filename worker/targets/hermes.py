@@ -13,22 +13,25 @@ import logging
 import os
 import sqlite3
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermes import persistence_failure
-from hermes.compaction import compact_if_needed
-from hermes.resume import resume_interrupted_turn
-from hermes.runner import PERSISTENCE_FAILED, AIAgent
 from hermes.state import SessionDB, StorageError
 from hermes.transcript import is_final_answer
+from hermes.turn import PERSISTENCE_FAILED
+from targetkit import Target
 from worker.link import SupervisorLink
 from worker.targets import Report, UsageError, open_ledger, show, toolsets_of
 
+if TYPE_CHECKING:
+    from hermes.runner import AIAgent
+
 log = logging.getLogger("worker")
 
-
-def missing() -> str | None:
-    return None  # our runtime is this project's own package
+# The runtime (hermes.runner, and the openai SDK under it) is imported when a turn runs, not with
+# this record: every supervisor reads the record, and a worker's template imports the runtime anyway.
+TARGET = Target("hermes", "ours (default)", adapter=__name__, schema="supervisor.chaos.schema.hermes",
+                forkserver=True)
 
 
 def execute(args: argparse.Namespace, link: SupervisorLink | None, report: Report) -> int:
@@ -80,6 +83,8 @@ def _storage_failure(args: argparse.Namespace, exc: Exception) -> dict[str, Any]
 
 
 def _run_command(args: argparse.Namespace, db: SessionDB, agent: AIAgent) -> dict[str, Any]:
+    from hermes.resume import resume_interrupted_turn
+
     resumed = resume_interrupted_turn(agent, system_message=args.system_prompt)
     if args.command == "resume":
         return _outcome(resumed)
@@ -126,6 +131,8 @@ def _finished_turn(db: SessionDB, turn_id: str | None) -> dict[str, Any] | None:
 
 
 def _compact(agent: AIAgent, max_rows: int) -> None:
+    from hermes.compaction import compact_if_needed
+
     try:
         if compact_if_needed(agent, max_rows):
             log.info("compacted session %s", agent.session_id)
@@ -134,6 +141,8 @@ def _compact(agent: AIAgent, max_rows: int) -> None:
 
 
 def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink | None) -> AIAgent:
+    from hermes.runner import AIAgent
+
     toolsets = toolsets_of(args)
     agent_ref: list[AIAgent] = []
 

@@ -67,25 +67,34 @@ from hermes import probes
 from hermes.private_files import create_private_file, make_private_dirs
 from hermes.tools import ToolContext, registry
 from hermes.transcript import is_final_answer
+from targetkit import ANY, Promises, Target
 from worker.targets import Report, open_ledger, show, toolsets_of
 
 log = logging.getLogger("worker.targets.hermes_agent")
 
-TARGET = "hermes-agent"
+NAME = "hermes-agent"
 VERSION = "0.19.0"
-INSTALL_HINT = (f"the {TARGET} target needs upstream Hermes: pip install 'hermes-supervisor[upstream]' "
-                f"(installs {TARGET}=={VERSION}), or pip install {TARGET}=={VERSION} next to this project")
 
+# The documents its labels rest on (facts from them, in our words).
+_DOCS = "https://hermes-agent.nousresearch.com/docs"
+SESSIONS_DOC = (f"{_DOCS}/user-guide/sessions: every conversation is saved in state.db with its "
+                "full message history (tool calls and results included)")
+CLAIMS_DOC = (f"{_DOCS}/user-guide/sessions and /developer-guide/session-storage: what state.db "
+              "keeps (sessions, messages, search indexes; no dispatch record), nothing on when a row is "
+              "written relative to a tool run or to what is shown, nor on what a killed turn leaves")
 
-def available() -> bool:
-    """Is hermes-agent installed? Found without importing it (importing reads HERMES_HOME)."""
-    import importlib.util
-
-    return all(importlib.util.find_spec(name) is not None for name in ("run_agent", "hermes_state"))
-
-
-def missing() -> str | None:
-    return None if available() else INSTALL_HINT
+# Upstream hermes-agent records no dispatch intents, shows results before its flush commits them,
+# and streams without ever retracting: findings there are CONTRACT, not DAMAGE. Its template
+# imports upstream against a neutral home; each worker then sets its own (`preload`, `prepare_home`).
+TARGET = Target(
+    NAME, "upstream hermes-agent (pip install 'hermes-supervisor[upstream]')", adapter=__name__,
+    schema="supervisor.chaos.schema.hermes_agent",
+    promises=Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False,
+                      promised={("no-lost-rows", ANY): SESSIONS_DOC}, claims=CLAIMS_DOC),
+    forkserver=True, preload=(f"{__name__}:preload",), modules=("run_agent", "hermes_state"),
+    extra="upstream", package=f"{NAME}=={VERSION}",
+    install_hint=(f"the {NAME} target needs upstream Hermes: pip install 'hermes-supervisor[upstream]' "
+                  f"(installs {NAME}=={VERSION}), or pip install {NAME}=={VERSION} next to this project"))
 
 
 def prepare_home(db_path: Path) -> Path:
@@ -127,7 +136,7 @@ def _rehome(home: Path) -> None:
 
 
 def preload() -> None:
-    """In a fork-server template (supervisor.targets: the hermes-agent target's `preload`): import
+    """In a fork-server template (`TARGET.preload`: the hermes-agent target's `preload`): import
     upstream once, before the first fork, so no worker pays `import run_agent` (over half a second).
 
     Upstream reads HERMES_HOME while it is imported (and creates its directory skeleton there),
@@ -428,7 +437,7 @@ class UpstreamTarget:
         out = {"outcome": "completed" if completed else "failed", "session": self.args.session,
                "turn_id": turn_id, "final_response": result.get("final_response"),
                "turn_exit_reason": result.get("turn_exit_reason"), "api_calls": result.get("api_calls"),
-               "target": TARGET}
+               "target": NAME}
         if not completed:
             out["failure_reason"] = result.get("failure_reason") or "upstream_failed"
             out["error"] = result.get("error")
@@ -441,7 +450,7 @@ class UpstreamTarget:
         if f"turn-{index}" == wanted and answered:  # this turn already finished: a no-op, not a duplicate
             return {"outcome": "completed", "session": self.args.session, "turn_id": wanted,
                     "final_response": history[-1].get("content"), "turn_exit_reason": "already_finished",
-                    "api_calls": 0, "target": TARGET}
+                    "api_calls": 0, "target": NAME}
         return self._run(self.args.message, history, wanted)
 
     def resume(self) -> dict[str, Any]:
@@ -451,7 +460,7 @@ class UpstreamTarget:
         history = self._conversation()
         index, text, answered = _turns(history)
         if index < 0 or answered:
-            return {"outcome": "nothing to resume", "target": TARGET}
+            return {"outcome": "nothing to resume", "target": NAME}
         # Everything from the interrupted turn's (last) user row on is dropped from the history
         # sent back; upstream appends the re-sent message and its rows after the stored ones.
         cut = max(i for i, m in enumerate(history) if m.get("role") == "user")

@@ -1,11 +1,11 @@
 """The langgraph target: run or resume one turn with a LangGraph `StateGraph` inside the worker.
 
-`python -m worker run|resume --target langgraph [--durability exit|async|sync] ...` runs
+`python -m worker run|resume --target langgraph [--target-option durability=exit|async|sync] ...` runs
 the turn with LangGraph instead of our runtime: an agent node (the scripted model through
 `worker.targets.langgraph_model`) and LangGraph's prebuilt `ToolNode` (the chaos tools, the
 same effects ledger and effect reports as every target), over `MessagesState`, compiled
 with a `SqliteSaver` subclass on ``--db`` (`worker.targets.langgraph_graph`). The session
-is the graph's ``thread_id``. ``--durability`` is LangGraph's own: ``exit`` (save only when
+is the graph's ``thread_id``. The option ``durability`` is LangGraph's own: ``exit`` (save only when
 the run ends), ``async`` (LangGraph's default: save each step in the background while the
 next runs) or ``sync`` (wait for each step's checkpoint before the next step; this
 target's default, the mode a user who cares about durability picks).
@@ -40,7 +40,7 @@ Probes. Of our kill points (hermes.probes.POINTS):
 - `resume.begin` before the durable state is read, `resume.reconciled` once the resume is
   decided (action ``continue`` with the pending nodes).
 
-`UNREACHABLE_POINTS` lists what LangGraph cannot reach (`hermes-supervisor chaos
+The record's `unreachable` lists what LangGraph cannot reach (`hermes-supervisor chaos
 --list-points --target langgraph` shows it).
 
 Resume is what LangGraph documents: when the thread's latest checkpoint has a step still
@@ -56,41 +56,82 @@ Options of our runtime that LangGraph has no counterpart for are not applied her
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from hermes import persistence_failure, probes
 from hermes.turn import PERSISTENCE_FAILED
+from targetkit import ANY, REQUEST_NOT_DURABLE, RERUN, RERUN_AFTER_CHECKPOINT_KILL, Promises, Target, TargetOption
 from worker.targets import Report, UsageError, open_ledger, show, toolsets_of
 
 log = logging.getLogger("worker.targets.langgraph")
 
-TARGET = "langgraph"
+NAME = "langgraph"
 DURABILITY_MODES = ("exit", "async", "sync")
 DEFAULT_DURABILITY = "sync"
-MODULES = ("langgraph", "langgraph.checkpoint.sqlite")  # langchain-core comes with langgraph
 TURN_KEY = "hermes_turn_id"  # HumanMessage.additional_kwargs key holding the runner's turn id
-INSTALL_HINT = ("the langgraph target needs LangGraph: pip install 'hermes-supervisor[langgraph]' "
-                "(installs langgraph, langgraph-checkpoint-sqlite and langchain-core)")
 
-# Kill points this target never reaches, and why (shown by `chaos --list-points --target langgraph`).
-UNREACHABLE_POINTS = {
-    "compact.in_txn": "LangGraph has no compaction: a checkpoint holds the whole message list, and this "
-                      "graph trims nothing",
+# The documents its labels rest on (facts from them, in our words).
+_DURABLE = "https://docs.langchain.com/oss/python/langgraph/durable-execution"
+_PERSISTENCE = "https://docs.langchain.com/oss/python/langgraph/persistence"
+RESUME_DOC = f"{_DURABLE}: an interrupted run resumes from its last recorded state"
+MODE_DOCS = {
+    "sync": f"{_DURABLE}#sync: under durability \"sync\" every checkpoint is written before the next step starts",
+    "async": (f"{_DURABLE}#async: under durability \"async\" a checkpoint is written while the next step runs, "
+              "and may be missing if the process crashes"),
+    "exit": (f"{_DURABLE}#exit: under durability \"exit\" nothing is written until the run ends, so a failure "
+             "mid-run cannot be recovered"),
 }
+NODE_RERUN_DOC = (f"{_DURABLE}#starting-points-for-resuming-workflows: a StateGraph resumes at the start of the "
+                  "node where execution stopped, so that node's side effects run again")
+PENDING_WRITES_DOC = (f"{_PERSISTENCE}#pending-writes: a node that completed keeps its writes, so a resume "
+                      "does not run it again; https://github.com/langchain-ai/langgraph/issues/8039 (labelled bug): "
+                      "under \"sync\" a kill inside the next checkpoint's save can still lose them and rerun the node")
+CLAIMS_DOC = (f"{_PERSISTENCE}: a checkpoint per step and a node's writes once it returns; nothing records a "
+              "tool call before it runs, nothing retracts streamed output")
 
 
-def available() -> bool:
-    """Is LangGraph installed? Found without importing it."""
-    return all(importlib.util.find_spec(name) is not None for name in MODULES)
+def promises(options: Mapping[str, str]) -> Promises:
+    """What LangGraph promises under a durability mode. It records no dispatch intents (a node's
+    effects are recorded only by the writes it returns, after it ran), emits a node's stream update
+    when the node returns while its writes are saved in the background, and has no retraction of
+    streamed text: findings on those promises are CONTRACT, not DAMAGE. Only "sync" saves the
+    model's tool-call message before the tools node starts; a node stopped mid-way runs again in
+    every mode."""
+    durability = options["durability"]
+    mode_doc = MODE_DOCS[durability]
+    sync = durability == "sync"
+    promised = {("no-lost-rows", ANY): RESUME_DOC}
+    documented = {("effect-semantics", RERUN): NODE_RERUN_DOC}
+    if sync:
+        promised |= {("durable-before-effect", REQUEST_NOT_DURABLE): mode_doc,
+                     ("effect-semantics", RERUN_AFTER_CHECKPOINT_KILL): PENDING_WRITES_DOC}
+    else:
+        documented |= {("durable-before-effect", REQUEST_NOT_DURABLE): mode_doc,
+                       ("durable-before-visible", ANY): mode_doc,
+                       ("effect-semantics", RERUN_AFTER_CHECKPOINT_KILL): mode_doc}
+    return Promises(dispatch_intents=False, durable_requests=sync, stream_retraction=False,
+                    durable_projections=False, promised=promised, documented=documented, claims=CLAIMS_DOC)
 
 
-def missing() -> str | None:
-    return None if available() else INSTALL_HINT
+OPTIONS = {"durability": TargetOption(DURABILITY_MODES, DEFAULT_DURABILITY,
+                                      "LangGraph's durability mode: when a step's checkpoint is saved")}
+
+# Its workers start as forks of the warm template, which imports LangGraph before its first fork.
+TARGET = Target(
+    NAME, "a LangGraph StateGraph (pip install 'hermes-supervisor[langgraph]')", adapter=__name__,
+    schema="supervisor.chaos.schema.langgraph", promises=promises({"durability": DEFAULT_DURABILITY}),
+    options=OPTIONS, promises_with=promises,
+    unreachable={"compact.in_txn": "LangGraph has no compaction: a checkpoint holds the whole message list, and "
+                                   "this graph trims nothing"},
+    forkserver=True, preload=(__name__, "worker.targets.langgraph_graph", "worker.targets.langgraph_model"),
+    modules=("langgraph", "langgraph.checkpoint.sqlite"),  # langchain-core comes with langgraph
+    extra="langgraph", package="langgraph>=1.2.24,<1.3",
+    install_hint=("the langgraph target needs LangGraph: pip install 'hermes-supervisor[langgraph]' "
+                  "(installs langgraph, langgraph-checkpoint-sqlite and langchain-core)"))
 
 
 @dataclass
@@ -178,7 +219,7 @@ class LangGraphTarget:
 
         self.args = args
         self.project = project  # project(kind, turn=..., **fields): the UI event, acknowledged by the supervisor
-        self.durability = getattr(args, "durability", None) or DEFAULT_DURABILITY
+        self.durability = (getattr(args, "target_options", None) or {}).get("durability", DEFAULT_DURABILITY)
         self.turn_id: str | None = None
         self.conn = _connect(Path(args.db), args.command)
         self.saver = ProbedSqliteSaver(self.conn, self._context)
@@ -254,7 +295,7 @@ class LangGraphTarget:
         out = {"outcome": "completed" if completed else "failed", "session": self.args.session,
                "turn_id": turn_id, "final_response": view.final if view else None,
                "turn_exit_reason": "final_answer" if completed else "failed", "api_calls": self.model.calls,
-               "target": TARGET, "durability": self.durability, **extra}
+               "target": NAME, "durability": self.durability, **extra}
         if not completed:
             reason, error = (_failure(exc, Path(self.args.db)) if exc is not None
                              else ("graph_ended_without_answer", "the graph ended without a final answer"))
@@ -275,7 +316,7 @@ class LangGraphTarget:
         probes.fire("resume.begin", session=self.args.session)
         state = self._state()
         if not self._unfinished(state):
-            return {"outcome": "nothing to resume", "target": TARGET, "durability": self.durability}
+            return {"outcome": "nothing to resume", "target": NAME, "durability": self.durability}
         turns = self._turns()
         turn_id = turns[-1].id if turns else "turn-0"
         self.turn_id = turn_id
@@ -316,7 +357,7 @@ def _storage_failure(args: Any, exc: sqlite3.Error) -> dict[str, Any]:
     reason, error = _failure(exc, Path(args.db))
     return {"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
             "final_response": None, "turn_exit_reason": PERSISTENCE_FAILED, "failure_reason": reason,
-            "error": error, "target": TARGET}
+            "error": error, "target": NAME}
 
 
 def execute(args: Any, link: Any, report: Report) -> int:

@@ -25,7 +25,7 @@ Probes. Of our 18 kill points (hermes.probes.POINTS), these fire on the SDK:
 - `callback.interim.*` and `callback.tool_complete.*` around the projections;
 - `resume.begin` / `resume.reconciled` in this module's `resume()` (the SDK has none, below).
 
-The two that cannot fire are in `UNREACHABLE_POINTS`, each with its reason.
+The two that cannot fire are in the record's `unreachable`, each with its reason.
 
 What the SDK writes, and when (the `agent_sessions` / `agent_messages` tables, one JSON item
 per row): the user's input before the first model call; then, per model reply, the reply's
@@ -48,7 +48,6 @@ the session's k-th message, and a resume never adds a user item); nothing else i
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
 import os
@@ -58,14 +57,13 @@ from typing import Any, Callable
 
 from hermes import persistence_failure, probes
 from hermes.transcript import is_blank
+from targetkit import ANY, REQUEST_NOT_DURABLE, Promises, Target
 from worker.targets import Report, open_ledger, show, toolsets_of
 
 log = logging.getLogger("worker.targets.openai_agents")
 
-TARGET = "openai-agents"
+NAME = "openai-agents"
 DISTRIBUTION = "openai-agents>=0.24,<0.25"
-INSTALL_HINT = (f"the {TARGET} target needs the OpenAI Agents SDK: pip install 'hermes-supervisor[openai-agents]' "
-                f"(installs {DISTRIBUTION}), or pip install '{DISTRIBUTION}' next to this project")
 
 # Kill points the SDK gives no place for, and why (`--list-points --target openai-agents`).
 UNREACHABLE_POINTS: dict[str, str] = {
@@ -79,14 +77,32 @@ UNREACHABLE_POINTS: dict[str, str] = {
 }
 MAX_TURNS = 30  # model calls per run, as upstream hermes-agent's max_iterations
 
+# The documents its labels rest on (facts from them, in our words).
+_SESSIONS = "https://openai.github.io/openai-agents-python/sessions/"
+STORED_AFTER_RUN_DOC = (f"{_SESSIONS}#core-session-behavior: a run's new items (tool calls and outputs "
+                        "included) are stored after the run, so they run and are streamed before they are stored")
+HISTORY_DOC = f"{_SESSIONS}#core-session-behavior: the stored items are the history every later run starts from"
+CLAIMS_DOC = (f"{_SESSIONS}: what a session stores and when; nothing records a tool call before it runs, "
+              "resuming is for a run paused for approval (not one killed mid-way), streamed events are never "
+              "retracted")
 
-def available() -> bool:
-    """Is the SDK installed? Found without importing it."""
-    return importlib.util.find_spec("agents") is not None
-
-
-def missing() -> str | None:
-    return None if available() else INSTALL_HINT
+# The SDK records no dispatch intents and saves a tool call only together with its output, after
+# the tool ran; it emits its stream events before the session write that holds them, and never
+# retracts streamed text: findings on those promises are CONTRACT, not DAMAGE. What that costs on a
+# kill (a tool run again) is DAMAGE under effect-semantics. Its template imports the SDK (with
+# tracing off, as the adapter's wiring sets it) before its first fork.
+TARGET = Target(
+    NAME, "the OpenAI Agents SDK (pip install 'hermes-supervisor[openai-agents]')", adapter=__name__,
+    schema="supervisor.chaos.schema.openai_agents",
+    promises=Promises(dispatch_intents=False, durable_requests=False, stream_retraction=False,
+                      durable_projections=False, promised={("no-lost-rows", ANY): HISTORY_DOC},
+                      documented={("durable-before-effect", REQUEST_NOT_DURABLE): STORED_AFTER_RUN_DOC,
+                                  ("durable-before-visible", ANY): STORED_AFTER_RUN_DOC},
+                      claims=CLAIMS_DOC),
+    unreachable=UNREACHABLE_POINTS, forkserver=True, preload=(__name__, "worker.targets.openai_agents_wiring"),
+    modules=("agents",), extra="openai-agents", package=DISTRIBUTION,
+    install_hint=(f"the {NAME} target needs the OpenAI Agents SDK: pip install 'hermes-supervisor[openai-agents]' "
+                  f"(installs {DISTRIBUTION}), or pip install '{DISTRIBUTION}' next to this project"))
 
 
 # ------------------------------------------------------------------ the session's turns
@@ -176,7 +192,7 @@ class AgentsTarget:
         text = final if isinstance(final, str) or final is None else json.dumps(final, default=str)
         out = {"outcome": "completed" if text else "failed", "session": self.args.session, "turn_id": turn_id,
                "final_response": text, "turn_exit_reason": "final_output" if text else "no_final_output",
-               "api_calls": len(getattr(result, "raw_responses", []) or []), "target": TARGET}
+               "api_calls": len(getattr(result, "raw_responses", []) or []), "target": NAME}
         if not text:
             out.update(failure_reason="no_final_output", error="the run ended without a final output")
         return out
@@ -190,7 +206,7 @@ class AgentsTarget:
             reason, error = f"sdk_error:{type(exc).__name__}", f"{type(exc).__name__}: {exc}"
         log.warning("the run failed: %s", reason)
         return {"outcome": "failed", "session": self.args.session, "turn_id": turn_id, "final_response": None,
-                "turn_exit_reason": "error", "failure_reason": reason, "error": error, "target": TARGET}
+                "turn_exit_reason": "error", "failure_reason": reason, "error": error, "target": NAME}
 
     async def run(self) -> dict[str, Any]:
         items = await self.session.get_items()
@@ -200,7 +216,7 @@ class AgentsTarget:
             if answered:  # this turn already finished: a no-op, not a duplicate
                 return {"outcome": "completed", "session": self.args.session, "turn_id": wanted,
                         "final_response": answer, "turn_exit_reason": "already_finished", "api_calls": 0,
-                        "target": TARGET}
+                        "target": NAME}
             return await self._drive([], wanted)  # its question is durable: never stored twice (module docstring)
         return await self._drive(self.args.message, wanted)
 
@@ -212,7 +228,7 @@ class AgentsTarget:
         items = await self.session.get_items()
         index, answered, _answer = last_turn(items)
         if index < 0 or answered:
-            return {"outcome": "nothing to resume", "target": TARGET}
+            return {"outcome": "nothing to resume", "target": NAME}
         turn_id = f"turn-{index}"
         self.turn_id = turn_id
         probes.fire("resume.reconciled", session=session, turn=turn_id, action="continue", resend=False,
@@ -241,7 +257,7 @@ def execute(args: Any, link: Any, report: Report) -> int:
             return report({"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
                            "final_response": None, "turn_exit_reason": "error",
                            "failure_reason": f"session_persistence_failed:{cause}",
-                           "error": persistence_failure.describe(cause, str(exc), Path(args.db)), "target": TARGET})
+                           "error": persistence_failure.describe(cause, str(exc), Path(args.db)), "target": NAME})
         try:
             out = asyncio.run(target.resume() if args.command == "resume" else target.run())
         except sqlite3.Error as exc:  # reading the session's items failed

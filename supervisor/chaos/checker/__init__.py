@@ -76,7 +76,7 @@ from supervisor.chaos.checker.visibility import durable_before_effect, durable_b
 from supervisor.chaos.durable import Durable, load_durable
 from supervisor.chaos.nemesis import Fault
 from supervisor.chaos.scenarios import Expectation
-from supervisor.targets import FULL_PROMISES, Promises
+from targetkit import FULL_PROMISES, Promises
 
 __all__ = [
     "ANSWER_ONCE", "CHAOS_TOOLS", "CONSUME_ONCE", "CONTRACT", "COVERAGE", "DAMAGE", "DURABLE_BEFORE_EFFECT",

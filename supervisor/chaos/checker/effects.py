@@ -41,7 +41,7 @@ from supervisor.chaos.checker.verdict import (
 from supervisor.chaos.durable import Durable
 from supervisor.chaos.scenarios import Expectation
 from supervisor.daemon.cancels import CANCELLED
-from supervisor.targets import EFFECT_MISMATCH, FULL_PROMISES, RAN_UNDISPATCHED, RERUN, Promises
+from targetkit import EFFECT_MISMATCH, FULL_PROMISES, RAN_UNDISPATCHED, RERUN, Promises
 from worker.chaos_tools import clean_results
 
 # The tools of worker/chaos_tools.py: each records every real execution in the ledger,

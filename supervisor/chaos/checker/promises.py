@@ -1,7 +1,7 @@
 """What each violation is to its target: a broken promise, documented behaviour, or beyond what it claims.
 
 A violation's class (DAMAGE or CONTRACT) says what a user loses; its promise says whose word it
-goes against. The target's record (supervisor.targets: `Promises.promised`, `.documented`,
+goes against. The target's record (`targetkit.Target.promises`: `Promises.promised`, `.documented`,
 `.claims`, `.contract`) names, per (invariant, condition), the document that says so; this
 module only derives each violation's condition from the violation and its case, and looks it up,
 so no invariant knows about documents. `check_case` labels every violation of a case once, after
@@ -19,7 +19,7 @@ from supervisor.chaos.checker.verdict import (
     EFFECT_SEMANTICS,
     Violation,
 )
-from supervisor.targets import (
+from targetkit import (
     ANY,
     EFFECT_MISMATCH,
     INTENT_NOT_DURABLE,

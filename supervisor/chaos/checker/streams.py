@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 from supervisor.chaos.checker.evidence import QUOTE, when
 from supervisor.chaos.checker.verdict import CONTRACT, DAMAGE, STREAM_HONESTY, Verdict, Violation, verdict_of
-from supervisor.targets import FULL_PROMISES, Promises
+from targetkit import FULL_PROMISES, Promises
 
 
 def stream_honesty(events: Sequence[dict[str, Any]], promises: Promises = FULL_PROMISES) -> Verdict:

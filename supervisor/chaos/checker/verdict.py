@@ -38,7 +38,7 @@ DURABILITY_COST = "durability-cost"
 VIOLATION_CLASSES = (DAMAGE, CONTRACT, DURABILITY_COST)
 
 # Whatever its class, a violation is also one of three things to the target that shows it, decided
-# per target from its documents (supervisor.targets, applied by supervisor.chaos.checker.promises):
+# per target from its documents (its `targetkit.Target` record, applied by supervisor.chaos.checker.promises):
 # BROKEN_PROMISE: the target documents that this cannot happen; DOCUMENTED_BEHAVIOUR: the target's
 # documents say it can; BEYOND_PROMISE: this project's contract, which the target never claimed.
 # Ours promises the whole contract, so every violation of ours is a BROKEN_PROMISE.

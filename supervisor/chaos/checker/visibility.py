@@ -17,7 +17,7 @@ from supervisor.chaos.checker.verdict import (
     Violation,
     verdict_of,
 )
-from supervisor.targets import FULL_PROMISES, Promises
+from targetkit import FULL_PROMISES, Promises
 
 
 def _claims_durable(event: dict[str, Any]) -> bool:

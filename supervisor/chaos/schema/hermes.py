@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes.state import SessionDB
-from supervisor.chaos.schema import Stored, TurnRow
+from targetkit.schema import Stored, TurnRow
 
 
 def recognizes(conn: sqlite3.Connection) -> bool:

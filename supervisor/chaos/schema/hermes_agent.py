@@ -25,7 +25,7 @@ from typing import Any
 # open_snapshot fails with a sqlite3.DatabaseError (ReadOnlyOpenError), as the readers here expect.
 from hermes.state import open_snapshot
 from hermes.transcript import is_final_answer
-from supervisor.chaos.schema import Stored, TurnRow
+from targetkit.schema import Stored, TurnRow
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:

@@ -42,7 +42,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from supervisor.chaos.schema import Stored, TurnRow
+from targetkit.schema import Stored, TurnRow
 from worker.targets.langgraph import TURN_KEY  # where the worker keeps a turn's id (imports no LangGraph)
 
 ROLES = {"human": "user", "ai": "assistant", "tool": "tool", "system": "system"}

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes.transcript import is_final_answer
-from supervisor.chaos.schema import Stored, TurnRow
+from targetkit.schema import Stored, TurnRow
 
 SESSIONS_TABLE = "agent_sessions"
 MESSAGES_TABLE = "agent_messages"

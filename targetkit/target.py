@@ -1,0 +1,159 @@
+"""A system under test, described once: the record `--target NAME` finds, on the supervisor's side
+and on the worker's alike (`targetkit.registry`).
+
+A target says what it promises (which decides a violation's class: breaking a rule that rests on
+a promise the target never made is a CONTRACT finding, anything else is DAMAGE) and which of its
+own documents say what of each finding (a broken promise, documented behaviour, or beyond what
+the target ever claimed); which module runs its turns in a worker (`adapter`) and which reads its
+durable store (`schema`); its options and the promises each changes; the kill points it never
+reaches and why; what must be installed for it; and whether the warm fork-server template can
+start its workers and what that template imports for them first.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import sqlite3
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from targetkit.schema import SchemaReader
+
+# What a violation is about beyond its invariant (derived by the checker): the second half of the
+# (invariant, condition) keys of `Promises.promised` / `.documented`. ANY: every condition of the invariant.
+ANY = "*"
+REQUEST_NOT_DURABLE = "request-not-durable"    # durable-before-effect: no durable row asked for the call
+                                               # (whether or not its dispatch intent was there)
+INTENT_NOT_DURABLE = "intent-not-durable"      # durable-before-effect: only the dispatch intent was missing
+RAN_UNDISPATCHED = "ran-undispatched"          # effect-semantics: ran more often than durably dispatched
+RERUN = "rerun"                                # effect-semantics: a call ran (or a write was applied) more
+                                               # than its policy allows, after its worker was killed
+RERUN_AFTER_CHECKPOINT_KILL = "rerun-after-checkpoint-kill"  # ... killed inside the save of the next
+                                               # checkpoint after the call ran (LangGraph's put(), issue #8039)
+EFFECT_MISMATCH = "effect-mismatch"            # effect-semantics: any other (a result of a run that never
+                                               # was, a cancelled call that ran, an outcome dropped, a write lost)
+
+
+@dataclass(frozen=True)
+class Promises:
+    """What a target promises beyond a durable transcript. A violation of a rule that rests on
+    a promise the target does not make is classed CONTRACT, not DAMAGE.
+
+    Apart from the class, what the target's own documents say of each violation, keyed by
+    (invariant, condition) (condition: one of the names above, or ANY): `promised` names the
+    document saying it cannot happen (the violation is a broken promise), `documented` the one
+    saying it can (documented behaviour); anything else is this project's contract, which the
+    target never claimed (beyond promise), resting on `claims`, the document of what it does
+    claim. `contract` set means the target promises this project's whole contract, on that
+    document: every violation is then a broken promise (ours).
+    """
+
+    dispatch_intents: bool = True     # a durable intent precedes every tool run
+    durable_requests: bool = True     # the assistant's tool-call row is durable before its tools run
+    stream_retraction: bool = True    # streamed text ends committed or explicitly retracted
+    durable_projections: bool = True  # nothing is shown before it is durable
+    promised: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    documented: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    claims: str = ""
+    contract: str = ""
+
+
+OUR_CONTRACT = "this project's docs/contract.md, The durability contract (each invariant: docs/chaos.md, The verdict)"
+FULL_PROMISES = Promises(contract=OUR_CONTRACT)
+
+
+_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class OptionError(ValueError):
+    """A target option that is unknown to the target or has a value it does not take (one line)."""
+
+
+@dataclass(frozen=True)
+class TargetOption:
+    """One option of a target (`--target-option KEY=VALUE`): the values it takes, and the one it has when not given."""
+
+    choices: tuple[str, ...]
+    default: str
+    help: str = ""
+
+    def __post_init__(self) -> None:
+        # A value names a campaign's subdirectory when a campaign runs once per value (KEY=all).
+        bad = [c for c in self.choices if not _VALUE.fullmatch(c) or c == "all"]
+        if bad or self.default not in self.choices:
+            raise ValueError(f"target option values are letters, digits, '.', '_' or '-' (not first), never "
+                             f"'all', and the default one of them: {self.choices!r} (default {self.default!r})")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str                        # what `--target` takes, on both the supervisor and the worker side
+    description: str                 # how `--target`'s help names it
+    adapter: str                     # the module that runs its turns in a worker: execute(args, link, report)
+    schema: str | SchemaReader       # what reads its durable store: a module's name, or the reader itself
+    promises: Promises = FULL_PROMISES  # what it promises with its options at their defaults
+    # Its options, and the promises under a choice of them (None: `promises` whatever they are).
+    options: Mapping[str, TargetOption] = field(default_factory=dict)
+    promises_with: Callable[[Mapping[str, str]], Promises] | None = None
+    unreachable: Mapping[str, str] = field(default_factory=dict)  # kill point -> why it never fires here
+    forkserver: bool = False         # its workers may start as forks of the warm template (worker.forkserver)
+    # What that template imports before its first fork, besides our runtime: `MODULE` or
+    # `MODULE:FUNCTION` (imported, then FUNCTION called), passed as `--preload` (worker.forkserver).
+    preload: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()    # importable modules it needs (looked up, never imported)
+    extra: str | None = None         # this project's pip extra that installs it
+    package: str | None = None       # the distribution that extra installs
+    install_hint: str = ""           # one line saying how to get it
+
+    def check_options(self, given: Mapping[str, str]) -> dict[str, str]:
+        """Every option of the target with its value: `given` checked (OptionError), the rest at their defaults."""
+        for key, value in given.items():
+            option = self.options.get(key)
+            if option is None:
+                known = ", ".join(sorted(self.options)) or "none"
+                raise OptionError(f"--target {self.name} has no option {key!r} (its options: {known})")
+            if value not in option.choices:
+                raise OptionError(f"--target {self.name}'s option {key} takes {', '.join(option.choices)}, "
+                                  f"not {value!r}")
+        return {key: given.get(key, option.default) for key, option in self.options.items()}
+
+    def promises_for(self, options: Mapping[str, str] | None = None) -> Promises:
+        """What it promises with `options` (checked; the others at their defaults)."""
+        if self.promises_with is None:
+            return self.promises
+        return self.promises_with(self.check_options(options or {}))
+
+    def available(self) -> bool:
+        """Is everything it needs installed? Found without importing it."""
+        return all(importlib.util.find_spec(name) is not None for name in self.modules)
+
+    def missing(self) -> str | None:
+        """Why it cannot run here (its install hint), or None."""
+        return None if self.available() else (self.install_hint or f"--target {self.name} is not installed here")
+
+    def reader(self) -> SchemaReader:
+        """Its schema reader (its module imported at the first call)."""
+        if isinstance(self.schema, str):
+            return importlib.import_module(self.schema)  # type: ignore[return-value]
+        return self.schema
+
+    def turn_state(self, conn: sqlite3.Connection, session: str, turn_id: str) -> str | None:
+        return self.reader().turn_state(conn, session, turn_id)
+
+
+def option_pairs(values: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """`KEY=VALUE` strings (as `--target-option` takes them) as a mapping; OptionError for one without `=`."""
+    out: dict[str, str] = {}
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key:
+            raise OptionError(f"a target option is KEY=VALUE, not {value!r}")
+        out[key.strip()] = rest.strip()
+    return out
+
+
+def as_worker_args(options: Mapping[str, str]) -> list[str]:
+    """The worker's arguments that carry `options`."""
+    return [arg for key, value in sorted(options.items()) for arg in ("--target-option", f"{key}={value}")]
+
