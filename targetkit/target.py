@@ -91,7 +91,7 @@ class Target:
     name: str                        # what `--target` takes, on both the supervisor and the worker side
     description: str                 # how `--target`'s help names it
     adapter: str                     # the module that runs its turns in a worker: execute(args, link, report)
-    schema: str | SchemaReader       # what reads its durable store: a module's name, or the reader itself
+    schema: str | SchemaReader       # what reads its store: the reader, or "module[:attribute]" naming it
     promises: Promises = FULL_PROMISES  # what it promises with its options at their defaults
     # Its options, and the promises under a choice of them (None: `promises` whatever they are).
     options: Mapping[str, TargetOption] = field(default_factory=dict)
@@ -133,10 +133,12 @@ class Target:
         return None if self.available() else (self.install_hint or f"--target {self.name} is not installed here")
 
     def reader(self) -> SchemaReader:
-        """Its schema reader (its module imported at the first call)."""
-        if isinstance(self.schema, str):
-            return importlib.import_module(self.schema)  # type: ignore[return-value]
-        return self.schema
+        """Its schema reader: `schema` itself, or what it names, "module" or "module:attribute" (imported here)."""
+        if not isinstance(self.schema, str):
+            return self.schema
+        module, _, attr = self.schema.partition(":")
+        loaded = importlib.import_module(module)
+        return getattr(loaded, attr) if attr else loaded  # type: ignore[no-any-return]
 
     def turn_state(self, conn: sqlite3.Connection, session: str, turn_id: str) -> str | None:
         return self.reader().turn_state(conn, session, turn_id)

@@ -103,3 +103,15 @@ def test_an_unknown_or_broken_target_is_a_usage_error_naming_what_exists(tmp_pat
     assert broken.returncode == 2 and "is a int, not a targetkit.Target" in broken.stderr
     listed = _supervisor(env, "--list-targets")
     assert listed.returncode == 0 and "toy-broken  (does not load:" in listed.stdout
+
+
+def test_a_complete_campaign_owes_every_point_but_those_its_target_declares_unreachable() -> None:
+    from supervisor.chaos.plan import unreached
+    from supervisor.chaos.scenarios import SCENARIOS
+
+    opts = {"scenarios": sorted(SCENARIOS), "case_ids": [], "probes": [], "mode": "exhaustive"}
+    declared = registry.get("openai-agents").unreachable
+    reached = set(POINTS) - set(declared) - {"model.chunk"}
+    assert unreached({**opts, "target": "openai-agents"}, reached) == ["model.chunk"]
+    assert unreached({**opts, "target": "hermes"}, reached) == [p for p in POINTS if p not in reached]
+    assert unreached({**opts, "target": "not-installed-here"}, reached) == [p for p in POINTS if p not in reached]

@@ -255,7 +255,7 @@ def execute(args: argparse.Namespace, plan: KillPlan | None, die_with_parent: bo
                      "session": args.session, "command": args.command, "started": time.time()})
     probes.install(ProbeWiring(link, plan))
     adapter = targets.adapter(getattr(args, "target", "hermes"))
-    return adapter.execute(args, link, lambda out: _report(args, link, out))
+    return targets.execute(adapter, args, link, lambda out: _report(args, link, out))
 
 
 def _report(args: argparse.Namespace, link: SupervisorLink | None, out: dict[str, Any]) -> int:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from hermes.probes import POINTS
 from supervisor.chaos.generator import Case, in_shard
 from supervisor.chaos.scenarios import SCENARIOS
+from targetkit import registry
 
 if TYPE_CHECKING:
     from supervisor.chaos.config import CampaignConfig
@@ -123,12 +124,18 @@ class Plan:
 
 def unreached(opts: dict[str, Any], reached: Iterable[str]) -> list[str]:
     """Kill points a campaign had to reach and did not: a run of every scenario in exhaustive mode
-    must reach every kill point, and a kill point asked for by name (`--probe`) must be reached
+    must reach every kill point its target does not declare unreachable (`Target.unreachable`, with
+    the reason), and a kill point asked for by name (`--probe`) must be reached
     (a dead probe is never a pass). `opts`: `options(config)`."""
     seen = set(reached)
     complete = (set(opts["scenarios"]) == set(SCENARIOS) and not opts["case_ids"] and not opts["probes"]
                 and opts["mode"] == "exhaustive")
-    missing = [p for p in POINTS if p not in seen] if complete else []
+    # The points the target says it never reaches, each with its reason (`--list-points`), are not owed.
+    try:
+        excused = set(registry.get(opts.get("target") or registry.DEFAULT).unreachable)
+    except registry.UnknownTarget:  # merging the reports of a target not installed here: none is excused
+        excused = set()
+    missing = [p for p in POINTS if p not in seen and p not in excused] if complete else []
     if not opts["case_ids"]:
         missing += [p for p in opts["probes"] if p not in seen and p not in missing]
     return missing

@@ -4,7 +4,9 @@
 - ``execute(args, link, report) -> int``: run or resume one turn as ``python -m worker`` was
   asked (``args``; the target's options checked, in ``args.target_options``), talking to the
   supervisor through ``link`` (None when run by hand), and hand the outcome to ``report``
-  (which prints it, sends it, and gives the exit status).
+  (which prints it, sends it, and gives the exit status); or
+- ``run_turn(turn)`` and ``resume_turn(turn)``, a plain loop written with targetkit.loop: the
+  worker gives it a ``TurnContext`` and reports what it returns.
 
 An adapter is imported only when its target is chosen and installed (`Target.missing`), so
 running one target never imports another's packages. What every adapter does the same way
@@ -41,6 +43,43 @@ def target(name: str) -> Target:
         return registry.get(name)
     except registry.UnknownTarget as exc:
         raise UsageError(str(exc)) from None
+
+
+def execute(module: ModuleType, args: Any, link: "SupervisorLink | None", report: Report) -> int:
+    """Run the command `args` asks for with a target's adapter module: its own `execute(args, link,
+    report)`, or, for an adapter written with targetkit.loop, its `run_turn(turn)` / `resume_turn(turn)`."""
+    if hasattr(module, "execute"):
+        return module.execute(args, link, report)
+    return _execute_loop(module, args, link, report)
+
+
+def _execute_loop(module: ModuleType, args: Any, link: "SupervisorLink | None", report: Report) -> int:
+    import os
+    import sqlite3
+
+    from hermes import persistence_failure
+    from targetkit.loop import TurnContext
+
+    ledger = open_ledger(args, link)
+    turn = TurnContext(
+        command=args.command, session=args.session, turn_id=getattr(args, "turn_id", None),
+        message=getattr(args, "message", None), db=Path(args.db), base_url=args.base_url, model=args.model,
+        api_key=args.api_key or os.environ.get("OPENAI_API_KEY") or "no-key-configured", timeout=args.timeout,
+        system_prompt=args.system_prompt, toolsets=toolsets_of(args), options=dict(args.target_options),
+        show=lambda turn_id, kind, **fields: show(link, args.session, turn_id, kind, **fields))
+    step = module.run_turn if args.command == "run" else getattr(module, "resume_turn", None)
+    try:
+        out = turn.nothing_to_resume() if step is None else step(turn)
+    except sqlite3.Error as exc:  # its store failed: the named persistence failure, as for our runtime
+        cause = persistence_failure.classify(exc, Path(args.db))
+        out = turn.failed(f"session_persistence_failed:{cause}", persistence_failure.describe(cause, str(exc),
+                                                                                              Path(args.db)))
+    except Exception as exc:  # the loop's own failure ends the turn failed, saying what it was
+        log.warning("the turn's loop failed: %s: %s", type(exc).__name__, exc)
+        out = turn.failed(f"loop_error:{type(exc).__name__}", f"{type(exc).__name__}: {exc}")
+    code = report(out)
+    ledger.close()
+    return code
 
 
 def adapter(name: str) -> ModuleType:
