@@ -29,7 +29,7 @@ from hermes.probes import POINTS
 from supervisor.argtypes import RaisingParser as _Parser
 from supervisor.argtypes import UsageError, positive_int, quiet_broken_pipe
 from supervisor.chaos.generator import MODES
-from supervisor.chaos.nemesis import FAULT_OPTIONS
+from supervisor.chaos.nemesis.family import FaultUnavailable, chosen, fault_names
 from supervisor.chaos.scenarios import SCENARIOS
 from supervisor.daemon import cli as daemon_cli
 from targetkit import OptionError, Target, UnknownTarget, registry
@@ -60,11 +60,11 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 def _faults(text: str) -> tuple[str, ...]:
-    chosen = tuple(f.strip() for f in text.split(",") if f.strip())
-    unknown = [f for f in chosen if f not in FAULT_OPTIONS]
-    if unknown or not chosen:
-        raise argparse.ArgumentTypeError(f"--faults {text!r}: choose from {', '.join(FAULT_OPTIONS)}")
-    return chosen
+    faults = tuple(f.strip() for f in text.split(",") if f.strip())
+    unknown = [f for f in faults if f not in fault_names()]
+    if unknown or not faults:
+        raise argparse.ArgumentTypeError(f"--faults {text!r}: choose from {', '.join(fault_names())}")
+    return faults
 
 
 def _add_chaos(commands: argparse._SubParsersAction) -> None:
@@ -80,7 +80,7 @@ def _add_chaos(commands: argparse._SubParsersAction) -> None:
     chaos.add_argument("--probe", action="append", choices=POINTS, default=None,
                        help="only kill at this probe (repeatable); default: every probe")
     chaos.add_argument("--faults", type=_faults, default=(), metavar="F[,F...]",
-                       help=f"add faults to every case: {', '.join(FAULT_OPTIONS)}")
+                       help=f"add faults to every case: {', '.join(fault_names())}")
     chaos.add_argument("--synchronous", type=str.upper, choices=("FULL", "NORMAL"), default="FULL",
                        help="every worker's session database at this durability level (default FULL); what a "
                             "power cut may take at NORMAL is reported apart, as that level's documented cost")
@@ -266,7 +266,6 @@ def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
     """Refuse up front what cannot run here: a target not installed, a storage fault this
     machine cannot make, a case id that does not parse."""
     from supervisor.chaos.generator import Case
-    from supervisor.chaos.nemesis import powerloss, storage
 
     problem = _target(config.target).missing()
     if problem is not None:
@@ -274,17 +273,11 @@ def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
     try:
         if workdir is not None:
             make_private_dirs(workdir)  # the campaign makes it too; a storage fault is tried in it first
-        storage.check_available(config.faults, workdir or Path(tempfile.gettempdir()))
+        for family, faults in chosen(config.faults):
+            family.check_available(faults, tuple(config.faults), workdir or Path(tempfile.gettempdir()))
     except OSError as exc:
         raise UsageError(f"--workdir {workdir}: {exc.strerror or exc}") from None
-    except storage.StorageFaultUnavailable as exc:
-        raise UsageError(str(exc)) from None
-    if powerloss.wants_power_cuts(config.faults) and "disk" in config.faults:
-        raise UsageError("--faults disk puts each case on a tmpfs and power-loss on a lazy file system: "
-                         "one case directory cannot be both; run them in two campaigns")
-    try:
-        powerloss.check_available(config.faults)
-    except powerloss.PowerLossUnavailable as exc:
+    except FaultUnavailable as exc:
         raise UsageError(str(exc)) from None
     try:
         for case_id in config.case_ids:

@@ -43,7 +43,8 @@ import pytest
 
 from hermes.probes import POINTS
 from supervisor.chaos import checker
-from supervisor.chaos.nemesis import FAULT_OPTIONS, Fault
+from supervisor.chaos.nemesis import Fault
+from supervisor.chaos.nemesis.family import fault_names
 from supervisor.chaos.nemesis.powerloss import POWER_FAULTS
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
@@ -91,7 +92,7 @@ class Defect:
         faults = [f for i, arg in enumerate(self.campaign[:-1]) if arg == "--faults"
                   for f in self.campaign[i + 1].split(",")]
         problems = [f"invariant {i}" for i in sorted(self.invariants - set(checker.INVARIANTS))]
-        problems += [f"fault {f}" for f in sorted(set(faults) - set(FAULT_OPTIONS)) + sorted(self.unlanded - set(faults))]
+        problems += [f"fault {f}" for f in sorted(set(faults) - set(fault_names())) + sorted(self.unlanded - set(faults))]
         if self.at is not None and self.at.rpartition(":")[0] not in POINTS:
             problems.append(f"probe {self.at}")
         if not (DEFECTS / self.directory / "sitecustomize.py").is_file():

@@ -61,7 +61,7 @@ def test_target_options_reach_every_worker_and_every_repro_line(tmp_path: Path) 
 
     config = CampaignConfig(scenarios=["single-tool"], target="langgraph", target_options=(("durability", "exit"),))
     runner = CaseRunner(Case("single-tool"), tmp_path, "http://127.0.0.1:9/v1", None, None, config)  # type: ignore[arg-type]
-    argv = runner._worker_args("resume", tmp_path / "state.db", tmp_path / "effects.db", "http://127.0.0.1:9/v1")
+    argv = runner.worker_args("resume", tmp_path / "state.db", tmp_path / "effects.db", "http://127.0.0.1:9/v1")
     assert argv[-4:] == ["--target", "langgraph", "--target-option", "durability=exit"]
     assert runner._repro_flags() == ("--target langgraph", "--target-option durability=exit")
 

@@ -1,13 +1,13 @@
 """targetkit: a target is one record, found through an entry point, by the supervisor and the worker alike."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from pluginutil import installed_plugin
 
 from hermes.probes import POINTS
 from targetkit import FULL_PROMISES, OptionError, Promises, Target, TargetOption, registry
@@ -62,15 +62,7 @@ NOT_A_TARGET = 42
 
 
 def _installed_plugin(where: Path, entry: str = "toy-loop = toy_target:TARGET") -> dict[str, str]:
-    """A package `toy_target` declaring an entry point of the group, importable from `where`
-    (as pip would leave it: the module, and a dist-info with entry_points.txt)."""
-    (where / "toy_target").mkdir(parents=True)
-    (where / "toy_target" / "__init__.py").write_text(PLUGIN, encoding="utf-8")
-    info = where / "toy_target-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-target\nVersion: 0.1\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text(f"[{registry.GROUP}]\n{entry}\n", encoding="utf-8")
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(where), str(REPO)]), NO_PROXY="127.0.0.1,localhost")
+    return installed_plugin(where, "toy_target", PLUGIN, registry.GROUP, entry)
 
 
 def _supervisor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -27,9 +27,7 @@ from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
 from supervisor.chaos.history import HistoryWriter, canonical_json, write_json
 from supervisor.chaos.nemesis.accounting import add_rows, campaign_rows, unlanded
-from supervisor.chaos.nemesis.lazyfs import LazyFSServers
-from supervisor.chaos.nemesis.model import MODEL_FAULTS, with_model_faults
-from supervisor.chaos.nemesis.powerloss import wants_power_cuts
+from supervisor.chaos.nemesis.family import chosen
 from supervisor.chaos.plan import Plan
 from supervisor.chaos.runner import CaseResult, CaseRunner
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, campaign_script
@@ -61,8 +59,12 @@ class Campaign:
         # Workers start as forks of the warm template where the target allows it, else as fresh interpreters.
         target = registry.get(config.target)
         self.pool = Pool(forkserver=config.forkserver and target.forkserver, preload=target.preload)
-        # Power cuts: lazy file system servers, kept from case to case (supervisor.chaos.nemesis.powerloss).
-        self.lazyfs = LazyFSServers() if wants_power_cuts(config.faults) else None
+        # What a family of --faults keeps for all the cases (power cuts: the lazy file system servers).
+        self.resources: dict[Any, Any] = {}
+        for family, faults in chosen(config.faults):
+            resource = family.open_resource(faults)
+            if resource is not None:
+                self.resources[family] = resource
         self.history = HistoryWriter(history_path) if history_path else None
         self.log_sink = log_sink
         self.on_result = on_result
@@ -106,15 +108,16 @@ class Campaign:
         config = self.config
         self._root = Path(config.workdir or tempfile.mkdtemp(prefix="hermes-chaos-"))
         make_private_dirs(self._root)
-        script = with_model_faults(campaign_script([SCENARIOS[name] for name in config.scenarios]),
-                                   [f for f in config.faults if f in MODEL_FAULTS])
+        script = campaign_script([SCENARIOS[name] for name in config.scenarios])
+        for family, faults in chosen(config.faults):
+            script = family.model_script(script, faults)
         self._server = ScriptedModelServer(script, model=MODEL, request_log=MODEL_REQUEST_LOG).start()
 
     def close(self) -> None:
         try:
             self.pool.close()
-            if self.lazyfs is not None:
-                self.lazyfs.close()
+            for resource in self.resources.values():
+                resource.close()
         finally:
             if self._server is not None:
                 self._served = self._server.faults_served()
@@ -206,7 +209,7 @@ class Campaign:
         """One run of `case`; no result when the campaign's stop cut it short."""
         assert self._root is not None and self._server is not None, "the campaign is not open"
         runner = CaseRunner(case, self._root, self._server.base_url, self.pool, self.history, self.config,
-                            self.log_sink, self.lazyfs)
+                            self.log_sink, self.resources)
         try:
             return runner.run(), runner
         except PoolStopped:

@@ -28,7 +28,7 @@ class CampaignConfig:
     limit: int | None = None
     case_ids: tuple[str, ...] = ()
     forkserver: bool = True
-    faults: tuple[str, ...] = ()  # extra nemesis faults on every case: see nemesis.FAULT_OPTIONS
+    faults: tuple[str, ...] = ()  # extra nemesis faults on every case: see nemesis.family
     case_files: Path | None = None  # when set, each case's result and history is written here as JSON
     probes: tuple[str, ...] = ()  # only derive cases whose first fault is at one of these probes
     target: str = registry.DEFAULT  # the system under test: a name targetkit.registry knows

@@ -9,7 +9,6 @@ checker judges once the case is over.
 from __future__ import annotations
 
 import shlex
-import shutil
 import signal
 import sqlite3
 import sys
@@ -17,40 +16,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import psutil
 
 from hermes.private_files import make_private_dirs
 from hermes.state import StorageError, open_snapshot
-from supervisor.chaos.checker import (
-    NO_KILL,
-    UNFIRED,
-    Durable,
-    Verdict,
-    check_case,
-    check_structure,
-    load_durable,
-    twin_transcript,
-)
-from supervisor.chaos.checker.deaths import NEMESIS, POWER_CUT, count_deaths, death_causes
-from supervisor.chaos.checker.evidence import ledger_records
+from supervisor.chaos.checker import NO_KILL, UNFIRED, Durable, Verdict, check_case
+from supervisor.chaos.checker.deaths import NEMESIS, count_deaths, death_causes
 from supervisor.chaos.generator import Case, case_file_stem
 from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_and_ask, summarize_rows
-from supervisor.chaos.nemesis import CROWD, CROWD_BUSY_BUDGET_S, Fault
+from supervisor.chaos.nemesis import Fault
 from supervisor.chaos.nemesis.accounting import account
-from supervisor.chaos.nemesis.lazyfs import LazyFSServers
-from supervisor.chaos.nemesis.model import STALL_WORKER_TIMEOUT_S, refusing_url
-from supervisor.chaos.nemesis.powerloss import (
-    POWER_LOSS,
-    TORN_WRITE,
-    PowerCuts,
-    brief_crash,
-    crash_plan,
-    wants_power_cuts,
-)
-from supervisor.chaos.nemesis.storage import KINDS as STORAGE_FAULT_KINDS
-from supervisor.chaos.nemesis.storage import StorageFault, hold_write_lock
+from supervisor.chaos.nemesis.family import Nemesis, chosen
 from supervisor.chaos.observe import Observer
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, SESSION, Scenario
 from supervisor.procs.pool import Pool, WorkerProcess
@@ -139,42 +117,36 @@ def _claim_dir(root: Path, stem: str) -> Path:
 class CaseRunner:
     """Runs one case against a shared model server and process pool."""
 
+    BUSY_BUDGET_S = WORKER_BUSY_BUDGET_S  # the workers' busy budget (a fault that holds the lock outlasts it)
+    UNREAD = object()  # a snapshot's read of a turn state that failed: read it again on its own
+
     def __init__(self, case: Case, root: Path, base_url: str, pool: Pool, sink: HistoryWriter | None,
                  config: CampaignConfig, on_log: Callable[[WorkerProcess, bytes], None] | None = None,
-                 lazyfs: LazyFSServers | None = None) -> None:
+                 resources: Mapping[type[Nemesis], Any] | None = None) -> None:
         self.case = case
         self.scenario: Scenario = SCENARIOS[case.scenario]
         self.target = registry.get(config.target)
         self.dir = _claim_dir(root, case_file_stem(case.case_id))
-        # Under power cuts the state lives on a lazy file system (supervisor.chaos.nemesis.powerloss).
-        self._power: PowerCuts | None = None
-        if wants_power_cuts(config.faults):
-            if lazyfs is None:
-                raise ValueError("--faults power-loss needs the campaign's lazy file system servers")
-            self._power = PowerCuts(self.dir, lazyfs)
-        state = self._power.state if self._power is not None else self.dir
+        self.config = config
+        # The families of --faults this case meets, each acting at the hooks it needs
+        # (supervisor.chaos.nemesis.family); `resources`: what the campaign keeps for them.
+        self.nemeses: list[Nemesis] = [family(self, faults, (resources or {}).get(family))
+                                       for family, faults in chosen(config.faults)]
+        self._kill_hooks = [n for n in self.nemeses if type(n).on_kill is not Nemesis.on_kill]
+        # Where the case's state lives: its directory, or where a family puts it (a lazy file system).
+        state = next((d for d in (n.state_dir() for n in self.nemeses) if d is not None), self.dir)
         self.db = state / "state.db"
         self.ledger = state / "effects.db"
         self.base_url = base_url
         self.pool = pool
-        self.config = config
         self.on_log = on_log
         self.history = CaseHistory(case.case_id, sink)
         self.observer = Observer(self.db, self.target.reader())
         self._incarnations = 0
         self._where: dict[int, tuple[int, int]] = {}  # incarnation -> (turn, process)
         self._paused = threading.Event()
-        self._lock_fault_fired = False
-        # Storage faults (see supervisor.chaos.nemesis.storage): one round each, after the first kill.
-        self._storage_faults: list[StorageFault] = [STORAGE_FAULT_KINDS[name](self.dir) for name in config.faults
-                                                    if name in STORAGE_FAULT_KINDS]
-        self._storage_rounds_done = False
-        self._refused_done = False
-        self._crowd_done = False
-        self._twin_done = False
         self._running: set[int] = set()  # incarnations of this case's workers not yet reaped
         self._procs: dict[int, WorkerProcess] = {}  # incarnation -> its process, for a power cut to kill all
-        self._cuts = 0
         self._sigkills = 0  # workers of this case that died of SIGKILL, whatever killed them
         # What the last snapshot read while no worker ran, with how many workers had started then:
         # (that count, turn index, the turn's state) and (that count, the durable state).
@@ -240,12 +212,8 @@ class CaseRunner:
 
     def _on_effect(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
         request, intent, witness = self.observer.effect(msg)
-        if "locked" in self.config.faults and not self._lock_fault_fired:
-            self._lock_fault_fired = True
-            seconds = WORKER_BUSY_BUDGET_S + 1.0
-            hold_write_lock(self.db, seconds)  # taken now, before the ack, so the worker meets it
-            self.history.record("storage_fault", fault="locked", seconds=seconds)
-            self._account("locked", landed=True)
+        for nemesis in self.nemeses:
+            nemesis.on_effect()
         self.history.record("effect", incarnation=proc.incarnation, tool=msg.get("tool"), policy=msg.get("policy"),
                             tool_call_id=msg.get("tool_call_id"), turn=msg.get("turn"),
                             idempotency_key=msg.get("idempotency_key"), request_durable=request,
@@ -283,9 +251,11 @@ class CaseRunner:
             fault = fault.then
         return None
 
-    def _worker_args(self, command: str, db: Path, ledger: Path, url: str,
+    def worker_args(self, command: str, db: Path, ledger: Path, url: str,
                      busy_budget: float = WORKER_BUSY_BUDGET_S) -> list[str]:
-        timeout = STALL_WORKER_TIMEOUT_S if "stall" in self.config.faults else WORKER_TIMEOUT_S
+        timeout = WORKER_TIMEOUT_S
+        for nemesis in self.nemeses:
+            timeout = nemesis.worker_timeout(timeout)
         args = [command, "--db", str(db), "--session", SESSION, "--base-url", url, "--model", MODEL,
                 "--ledger", str(ledger), "--timeout", str(timeout), "--busy-budget", str(busy_budget),
                 *self.scenario.extra_args(command)]
@@ -297,11 +267,11 @@ class CaseRunner:
             args += ["--home", str(db.parent / AGENT_HOME)]
         return args + as_worker_args(dict(self.config.target_options))
 
-    def _spawn(self, command: str, turn_index: int, process: int, fault: Fault | None,
+    def spawn(self, command: str, turn_index: int, process: int, fault: Fault | None,
                busy_budget: float = WORKER_BUSY_BUDGET_S) -> WorkerProcess:
         turn = self.scenario.turns[turn_index]
         url = self._model_url() if process >= 0 else self.base_url  # a storage-fault worker never gets far
-        args = self._worker_args(command, self.db, self.ledger, url, busy_budget)
+        args = self.worker_args(command, self.db, self.ledger, url, busy_budget)
         if command == "run":
             args += ["--message", turn.message, "--turn-id", f"turn-{turn_index}"]
         if fault is not None:
@@ -327,21 +297,17 @@ class CaseRunner:
         return proc
 
     def _model_url(self) -> str:
-        """The model endpoint for the next worker: under `refused`, the first one restarted
-        after a kill gets a loopback port that nothing listens on."""
-        if "refused" not in self.config.faults or self._sigkills == 0 or self._refused_done:
-            return self.base_url
-        self._refused_done = True
-        url = refusing_url()
-        self.history.record("model_fault", fault="refused", url=url)
-        self._account("refused", landed=True)
+        """The model endpoint for the next worker (a family may give it another: `refused`)."""
+        url = self.base_url
+        for nemesis in self.nemeses:
+            url = nemesis.model_url(url)
         return url
 
-    def _account(self, fault: str, landed: bool, reason: str | None = None) -> None:
+    def account(self, fault: str, landed: bool, reason: str | None = None) -> None:
         """Write down what became of a planned fault of `--faults` (supervisor.chaos.nemesis.accounting)."""
         self.history.record("fault", fault=fault, landed=landed, **({"reason": reason} if reason else {}))
 
-    def _finish(self, proc: WorkerProcess, snapshot: bool = True) -> None:
+    def finish(self, proc: WorkerProcess, snapshot: bool = True) -> None:
         if not proc.wait(self.config.process_timeout):
             proc.kill("timeout")
             self.history.record("kill", incarnation=proc.incarnation, pid=proc.pid, signal=signal.SIGKILL,
@@ -351,9 +317,10 @@ class CaseRunner:
                             signal=proc.signal)
         self._running.discard(proc.incarnation)
         self._procs.pop(proc.incarnation, None)
-        cut = self._power is not None and death_causes(self.history.events).get(proc.incarnation) == NEMESIS
-        if cut:
-            self._power_cut(proc)  # before anything reads the files again; takes the exit snapshot too
+        cut = False
+        if self._kill_hooks and death_causes(self.history.events).get(proc.incarnation) == NEMESIS:
+            # Before anything reads the files again: a family may take the exit snapshot itself (a power cut).
+            cut = any([nemesis.on_kill(proc) for nemesis in self._kill_hooks])
         if not self._running:
             # No connection of ours may outlive the last worker: the next worker must be the
             # database's first connection, so that it, like a restarted process in production,
@@ -363,32 +330,32 @@ class CaseRunner:
         if proc.signal == signal.SIGKILL:
             self._sigkills += 1
         if snapshot and not cut:
-            self._snapshot("exit", self._where[proc.incarnation][0])
+            self.snapshot("exit", self._where[proc.incarnation][0])
 
-    def _snapshot(self, after: str, turn_index: int | None = None) -> None:
+    def snapshot(self, after: str, turn_index: int | None = None) -> None:
         """Record every row as it is now; with `turn_index`, also read that turn's state from the
-        same copy, which `_turn_state` then answers with while no worker has run since."""
-        question = None if turn_index is None else (lambda conn: self._read_turn_state(conn, turn_index))
+        same copy, which `turn_state` then answers with while no worker has run since."""
+        question = None if turn_index is None else (lambda conn: self.read_turn_state(conn, turn_index))
         self._state_seen = self._durable_seen = None
         durable, state = snapshot_and_ask(self.db, question)
-        self._record_snapshot(after, durable, turn_index, state)
+        self.record_snapshot(after, durable, turn_index, state)
 
-    def _record_snapshot(self, after: str, durable: Durable, turn_index: int | None, state: Any) -> None:
+    def record_snapshot(self, after: str, durable: Durable, turn_index: int | None, state: Any) -> None:
         self.history.record("snapshot", after=after, rows={str(k): v for k, v in summarize_rows(durable).items()})
         if not self._running:
             self._durable_seen = (self._incarnations, durable)
-            if turn_index is not None and state is not _UNREAD:
+            if turn_index is not None and state is not self.UNREAD:
                 self._state_seen = (self._incarnations, turn_index, state)
 
-    def _read_turn_state(self, conn: sqlite3.Connection, turn_index: int) -> str | None | object:
+    def read_turn_state(self, conn: sqlite3.Connection, turn_index: int) -> str | None | object:
         try:
             return self.target.turn_state(conn, SESSION, f"turn-{turn_index}")
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return None  # killed before the schema was committed: nothing has started
-            return _UNREAD  # `_turn_state` reads it again, and says what is wrong
+            return self.UNREAD  # `turn_state` reads it again, and says what is wrong
 
-    def _turn_state(self, turn_index: int) -> str | None:
+    def turn_state(self, turn_index: int) -> str | None:
         """The turn's durable state now, read from a private copy of the database: the view a
         recovering worker gets, since the observer is closed whenever a worker exits. What the
         last snapshot read while no worker ran is still what a copy would read if none has run
@@ -411,178 +378,50 @@ class CaseRunner:
         finally:
             conn.close()
 
-    # ------------------------------------------------------- nemesis rounds
-    def _power_cut(self, killed: WorkerProcess) -> None:
-        """The planned kill of `killed` landed: cut the power under the whole case. Every other
-        process of the case dies with it; what the mount showed, what the cut lost, and what the
-        disk holds afterwards go into one `power_cut` event (checker: power-cut-durability), and
-        what it holds is the killed worker's exit snapshot."""
-        assert self._power is not None
-        others = [self._procs[inc] for inc in sorted(self._running)]
-        for other in others:
-            if other.kill(POWER_CUT):
-                self.history.record("kill", incarnation=other.incarnation, pid=other.pid, signal=signal.SIGKILL,
-                                    by=POWER_CUT, probe=None)
-        for other in others:
-            other.wait(self.config.process_timeout)
-        self.observer.close()
-        try:
-            before, _ = snapshot_and_ask(self.db, None)
-        except StorageError as exc:  # what the mount shows cannot be read: nothing to compare with
-            before = Durable(self.db, error=str(exc))
-        ledger_before = ledger_records(self.ledger)
-        torn = TORN_WRITE in self.config.faults
-        mode, seed = crash_plan(self.case.case_id, self._cuts, torn)
-        self._cuts += 1
-        lost = brief_crash(self._power.cut(mode, seed))
-        turn_index = self._where[killed.incarnation][0]
-        self._state_seen = self._durable_seen = None
-        state: Any = _UNREAD
-        try:  # one copy of what survived: its integrity, and the exit snapshot's rows and turn state
-            after, answer = snapshot_and_ask(self.db, lambda conn: (_integrity(conn),
-                                                                    self._read_turn_state(conn, turn_index)))
-            integrity, state = answer if answer is not None else ("no database", None)
-        except StorageError as exc:
-            after, integrity = Durable(self.db, error=str(exc)), [str(exc)]
-        ledger_after = ledger_records(self.ledger)
-        rows_before, rows_after = summarize_rows(before), summarize_rows(after)
-        gone = {row_id: row for row_id, row in rows_before.items() if not _same_row(row, rows_after.get(row_id))}
-        kept = [row_id for row_id in rows_before if row_id not in gone]
-        self.history.record(
-            "power_cut", incarnation=killed.incarnation, synchronous=self.config.synchronous, **lost,
-            killed=[other.incarnation for other in others], rows_before=len(rows_before), rows_after=len(rows_after),
-            lost_rows={str(k): v for k, v in sorted(gone.items())}, kept_max_id=max(kept, default=0),
-            integrity=integrity,
-            ledger_lost=_ledger_lost(ledger_before, ledger_after, after),
-            ledger_error=next((x for x in (ledger_before, ledger_after) if isinstance(x, str)), None))
-        if after.error is None:
-            self._record_snapshot("exit", after, turn_index, state)
-        self._account(POWER_LOSS, landed=True)
-        if torn:
-            self._account(TORN_WRITE, landed=lost["torn"] is not None,
-                          reason=None if lost["torn"] else "no unsynced write crossed a 512-byte sector boundary")
+    # ------------------------------------------------------- for the nemeses
+    @property
+    def sigkills(self) -> int:
+        """Workers of this case that died of SIGKILL so far, whatever killed them."""
+        return self._sigkills
 
-    def _storage_fault_rounds(self, command: str, turn_index: int) -> None:
-        """With the worker down: per storage fault, break the storage, start a worker that must
-        fail closed on it (checker: fails-closed), then mend the storage exactly as it was."""
-        self._storage_rounds_done = True
-        for fault in self._storage_faults:
-            if not self.db.exists():
-                self._account(fault.cause, landed=False, reason="the killed worker had not created the database yet")
-                continue
-            # Our own observer connection must not be open across the break: a worker that finds
-            # itself the file's last connection checkpoints and deletes the WAL index, and a
-            # connection that outlived that keeps reading a stale, unlinked copy of it.
-            self.observer.close()
-            what = fault.break_storage(self.db)
-            if what is None:
-                self._account(fault.cause, landed=False, reason="the killed worker had not committed a table for this fault to break")
-                continue
-            try:  # mended whatever happens, a worker that cannot start (the campaign stopping) too
-                # Process index -1: no kill plan is ever aimed at this worker (see _fault_for), and
-                # its probe hits stay out of the traces further cases are derived from.
-                proc = self._spawn(command, turn_index, -1, None)
-                self.history.record("storage_fault", fault=fault.cause, phase="broken", what=what,
-                                    incarnation=proc.incarnation,
-                                    expect=f"session_persistence_failed:{fault.cause}")
-                self._account(fault.cause, landed=True)
-                self._finish(proc, snapshot=False)  # a corrupt file cannot be snapshotted: after mending
-            finally:
-                fault.mend(self.db)
-            self.history.record("storage_fault", fault=fault.cause, phase="mended", incarnation=proc.incarnation)
-            self._snapshot("mend")
+    def running_workers(self) -> list[WorkerProcess]:
+        """This case's workers not yet reaped, oldest first."""
+        return [self._procs[inc] for inc in sorted(self._running)]
+
+    def turn_of(self, incarnation: int) -> int:
+        return self._where[incarnation][0]
+
+    def next_incarnation(self) -> int:
+        """A number for a process started outside the case's own workers (a twin recovery)."""
+        self._incarnations += 1
+        return self._incarnations
+
+    def forget_seen(self) -> None:
+        """What the last snapshot read is stale (the files changed under it)."""
+        self._state_seen = self._durable_seen = None
 
     def _take_over_while_paused(self, old: WorkerProcess, turn_index: int, process: int) -> int:
         """SIGSTOP the paused worker, let a new one finish the turn, then SIGCONT the old one."""
         sent = old.signal_group(signal.SIGSTOP)
         self.history.record("pause", incarnation=old.incarnation, pid=old.pid, stopped=sent and _seen_stopped(old))
-        newer = self._spawn("resume", turn_index, process, self._fault_for(turn_index, process))
-        self._finish(newer)
+        newer = self.spawn("resume", turn_index, process, self._fault_for(turn_index, process))
+        self.finish(newer)
         old.signal_group(signal.SIGCONT)
         old.send({"type": "continue"})
         self.history.record("cont", incarnation=old.incarnation, pid=old.pid)
         return process + 1
 
-    def _crowd_round(self, turn_index: int) -> None:
-        """Start CROWD resume workers at once on the interrupted turn, and wait for all of them
-        (checker: consume-once). Process index -1: no kill plan aims at them, and their probe
-        hits stay out of the traces further cases derive from."""
-        self._crowd_done = True
-        crowd = [self._spawn("resume", turn_index, -1, None, busy_budget=CROWD_BUSY_BUDGET_S) for _ in range(CROWD)]
-        self.history.record("crowd", turn_id=f"turn-{turn_index}", incarnations=[p.incarnation for p in crowd])
-        self._account("concurrent-resume", landed=True)
-        for proc in crowd:
-            self._finish(proc, snapshot=False)
-        self._snapshot("crowd")
-
-    def _twin_round(self, turn_index: int) -> None:
-        """Resume two byte-identical copies of the crashed state, each with a worker of its own,
-        and record both transcripts (checker: recovery-determinism). The twins' workers report
-        to nobody: their projections and effects concern copies, not this case's database."""
-        self._twin_done = True
-        try:
-            recovered = [self._recover_twin(name) for name in ("twin-a", "twin-b")]
-        except (OSError, RuntimeError) as exc:
-            self.history.record("twin", turn_id=f"turn-{turn_index}", error=str(exc))
-            self._account("twin-recovery", landed=False, reason=f"a twin recovery did not finish: {exc}")
-            return
-        (a, structure_a), (b, structure_b) = recovered
-        self.history.record("twin", turn_id=f"turn-{turn_index}", a=a, b=b,
-                            structure={"twin-a": structure_a, "twin-b": structure_b})
-        self._account("twin-recovery", landed=True)
-
-    def _recover_twin(self, name: str) -> tuple[list[list[Any]], dict[str, Any]]:
-        """Copy the database and the ledger (with their WALs) into `name`/, resume it, read it back:
-        its transcript, and the verdict of the structural invariants on what it left (each twin is a
-        recovery run of its own, judged like one)."""
-        twin = self.dir / name
-        twin.mkdir(mode=0o700)
-        for source in (self.db, self.ledger):
-            for suffix in ("", "-wal"):
-                original = Path(f"{source}{suffix}")
-                try:
-                    shutil.copyfile(original, twin / original.name)
-                except FileNotFoundError:
-                    pass  # no WAL (or no ledger yet): the state is the main file alone
-        args = self._worker_args("resume", twin / self.db.name, twin / self.ledger.name, self.base_url)
-        self._incarnations += 1
-        last: dict[str, Any] = {}  # what the twin last reported, which says why it died if it does
-
-        def ack_and_remember(proc: WorkerProcess, msg: dict[str, Any]) -> None:
-            last.update(type=msg.get("type"), tool=msg.get("tool"))
-            _ack_only(proc, msg)
-
-        proc = self.pool.spawn(args, incarnation=self._incarnations, on_message=ack_and_remember,
-                               on_log=self.on_log, label=f"{self.case.case_id} {name}")
-        timed_out = not proc.wait(self.config.process_timeout)
-        if timed_out:
-            proc.kill("timeout")
-            self.history.record("kill", incarnation=proc.incarnation, pid=proc.pid, signal=signal.SIGKILL,
-                                by="timeout", probe=None)
-            proc.wait()
-        self.history.record("twin_run", name=name, incarnation=proc.incarnation, pid=proc.pid,
-                            returncode=proc.returncode, signal=proc.signal, last_report=dict(last) or None)
-        if timed_out:
-            raise RuntimeError(f"the {name} recovery did not finish in {self.config.process_timeout:.0f}s")
-        durable = load_durable(twin / self.db.name)
-        if durable.error:
-            raise RuntimeError(f"the {name} recovery left an unreadable database: {durable.error}")
-        return twin_transcript(durable), check_structure(twin / self.db.name).to_json()
-
     # ------------------------------------------------------------------ a case
     def run(self) -> CaseResult:
+        ready: list[Nemesis] = []
         try:
-            if self._power is not None:
-                self._power.mount()
-            for fault in self._storage_faults:
-                fault.prepare()
+            for nemesis in self.nemeses:
+                nemesis.setup()
+                ready.append(nemesis)
             return self._run()
         finally:
-            for fault in self._storage_faults:
-                fault.release()
-            if self._power is not None:
-                self.observer.close()
-                self._power.release()
+            for nemesis in reversed(ready):  # whatever happened: mounts unmounted, storage mended
+                nemesis.teardown()
 
     def _run(self) -> CaseResult:
         started = time.monotonic()
@@ -612,27 +451,20 @@ class CaseRunner:
         while True:
             fault = self._fault_for(turn_index, process)
             self._paused.clear()
-            proc = self._spawn(command, turn_index, process, fault)
+            proc = self.spawn(command, turn_index, process, fault)
             process += 1
             if fault is not None and fault.kind == "pause":
                 while not proc.exited.is_set() and not self._paused.wait(0.05):
                     pass
                 if self._paused.is_set():
                     process = self._take_over_while_paused(proc, turn_index, process)
-            self._finish(proc)
+            self.finish(proc)
             killed = proc.signal == signal.SIGKILL
             restarts += killed
-            state = self._turn_state(turn_index)
-            if killed and state not in ("done", "failed") and self._storage_faults and not self._storage_rounds_done:
-                # First, while the killed worker's state is as it left it: the recovery faults below
-                # may finish the turn, and a storage round must meet a turn still to be finished.
-                self._storage_fault_rounds("resume" if state == "running" else "run", turn_index)
-            if killed and state == "running":
-                if "twin-recovery" in self.config.faults and not self._twin_done:
-                    self._twin_round(turn_index)
-                if "concurrent-resume" in self.config.faults and not self._crowd_done:
-                    self._crowd_round(turn_index)
-                    state = self._turn_state(turn_index)
+            state = self.turn_state(turn_index)
+            if killed:  # the rounds the families play with the worker down (storage first, then recovery)
+                for nemesis in self.nemeses:
+                    state = nemesis.after_kill(turn_index, state)
             if state in ("done", "failed"):
                 return restarts
             attempts += 1
@@ -641,9 +473,6 @@ class CaseRunner:
             # Killed mid-turn, or fenced off by a newer worker: finish the turn from the database.
             # Never started (killed before its first commit): start it again.
             command = "resume" if state == "running" else "run"
-
-
-_UNREAD = object()  # a snapshot's read of a turn state that failed: read it again on its own
 
 
 def power_counts(events: list[dict[str, Any]]) -> dict[str, int]:
@@ -657,31 +486,6 @@ def power_counts(events: list[dict[str, Any]]) -> dict[str, int]:
             "torn": sum(1 for e in cuts if e.get("torn")), "rows_lost": sum(len(e.get("lost_rows") or {}) for e in cuts)}
 
 
-def _integrity(conn: sqlite3.Connection) -> str | list[str]:
-    """PRAGMA integrity_check of a snapshot copy: "ok", or what it found wrong."""
-    found = [str(row[0]) for row in conn.execute("PRAGMA integrity_check").fetchall()]
-    return "ok" if found == ["ok"] else found
-
-
-def _ledger_lost(before: dict[str, str | None] | str, after: dict[str, str | None] | str,
-                 survived: Durable) -> list[dict[str, Any]] | None:
-    """The ledger's records the cut took, each with its tool call and whether that call's result
-    survived in the transcript (the record was then committed before the result was, so before a
-    commit that returned: a loss the ledger must not have). None when a side could not be read."""
-    if isinstance(before, str) or isinstance(after, str):
-        return None
-    answered = {row.get("tool_call_id") for row in survived.rows if row.get("role") == "tool"}
-    return [{"record": key, "tool_call_id": call, "answered": call is not None and call in answered}
-            for key, call in sorted(before.items()) if key not in after]
-
-
-def _same_row(before: dict[str, Any], after: dict[str, Any] | None) -> bool:
-    """Is `after` the row `before` was (a later archive or blank repair aside)?"""
-    return after is not None and all(before.get(k) == after.get(k) for k in ("session", "turn", "role", "digest"))
-
-
-
-
 def _kills_planned(fault: Fault | None) -> bool:
     """Does the plan kill a worker (a pause stops one, and the faults applied after a kill never come)?"""
     while fault is not None:
@@ -689,12 +493,6 @@ def _kills_planned(fault: Fault | None) -> bool:
             return True
         fault = fault.then
     return False
-
-
-def _ack_only(proc: WorkerProcess, msg: dict[str, Any]) -> None:
-    """A control-channel handler that lets a worker go on without observing it."""
-    if "seq" in msg:
-        proc.send({"type": "ack", "seq": msg["seq"]})
 
 
 def _seen_stopped(proc: WorkerProcess) -> bool:

@@ -16,7 +16,8 @@ the `process`-th process (0-based) started for turn `turn` of the scenario. Kind
 prints as a stable label, and the label parses back, so a case can be rerun from it.
 
 On top of its kill plan, every case of a campaign may meet the faults named by
-``--faults`` (`FAULT_OPTIONS`), one family per module:
+``--faults`` (`nemesis.family.fault_names()`). Each family of them is one class (`nemesis.family.Nemesis`:
+the hooks of a case it acts at), found through the entry points `hermes_supervisor.faults`:
 
 * model faults (`nemesis.model`): the scripted model answers each distinct request wrongly
   once; `refused`: the first worker restarted after a kill finds the model endpoint
@@ -27,8 +28,8 @@ On top of its kill plan, every case of a campaign may meet the faults named by
 * power cuts (`nemesis.powerloss`): `power-loss` runs each case on a lazy file system and makes
   every kill its plan lands a power cut (what was never fsynced is dropped, kept as a prefix or
   as a random subset); `torn-write` tears one unsynced write of each cut at a 512-byte boundary;
-* recovery faults: `concurrent-resume` (after the first landed kill, `CROWD` resume
-  workers start at once on the interrupted turn; checker: consume-once) and
+* recovery faults (`nemesis.recovery`): `concurrent-resume` (after the first landed kill,
+  `CROWD` resume workers start at once on the interrupted turn; checker: consume-once) and
   `twin-recovery` (two byte-identical copies of the crashed state are each resumed by a
   worker of their own and must give the same transcript; checker: recovery-determinism).
 """
@@ -36,15 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from supervisor.chaos.nemesis.model import MODEL_FAULTS
-from supervisor.chaos.nemesis.powerloss import POWER_FAULTS
-from supervisor.chaos.nemesis.storage import STORAGE_FAULTS
-
 FAULT_KINDS = ("probe", "timer", "pause")
-RECOVERY_FAULTS = ("concurrent-resume", "twin-recovery")
-FAULT_OPTIONS = (*MODEL_FAULTS, "refused", "locked", *STORAGE_FAULTS, *RECOVERY_FAULTS, *POWER_FAULTS)
-CROWD = 4  # resume workers started at once by concurrent-resume
-CROWD_BUSY_BUDGET_S = 10.0  # k writers contend for one lock: patience is not what is being tested
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,3 +122,4 @@ TIMER_AIM = (0.02, 0.7)
 def aimed_delay_ms(fraction: float, span_ms: int) -> int:
     """A timer kill's delay: `fraction` of the live span a fault-free run of the case measured."""
     return max(1, int(fraction * max(span_ms, 1)))
+

@@ -1,15 +1,16 @@
 """Faults, accounted like kills: per family of ``--faults``, how often it was planned, how often
 it landed, and how often it was skipped, and why.
 
-A case plans each family it can meet:
+A case plans each family it can meet, as the family says (`Nemesis.PLANNED`,
+supervisor.chaos.nemesis.family):
 
-* `locked`: every case (it is applied at the case's first tool effect);
-* the families applied after a kill (`disk`, `readonly`, `corrupt`, `refused`,
+* EVERY_CASE (`locked`, applied at the case's first tool effect): every case;
+* AFTER_A_KILL, the families applied after a kill (`disk`, `readonly`, `corrupt`, `refused`,
   `concurrent-resume`, `twin-recovery`) and at one (`power-loss`, `torn-write`: one decision
   per landed kill, so a double kill plans two cuts): every case whose plan kills a worker;
-* the model's faults (`http500`, ...): none. The campaign's one scripted model serves each
-  distinct request its fault once, whichever case sends it first, so they are counted for
-  the campaign, from what the model served (`campaign_rows`), not per case.
+* PER_CAMPAIGN (the model's faults, `http500`, ...): none. The campaign's one scripted model
+  serves each distinct request its fault once, whichever case sends it first, so they are
+  counted for the campaign, from what the model served (`campaign_rows`), not per case.
 
 The runner records a `fault` event for every decision (`landed` True or False, with a
 `reason` when it was skipped); a planned family with no decision at the end of the case was
@@ -21,34 +22,20 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
-from supervisor.chaos.nemesis.model import MODEL_FAULTS
-from supervisor.chaos.nemesis.powerloss import POWER_FAULTS
-from supervisor.chaos.nemesis.storage import STORAGE_FAULTS
-
-AFTER_A_KILL = (*STORAGE_FAULTS, "refused", "concurrent-resume", "twin-recovery", *POWER_FAULTS)
-
-# Why a planned family got no decision in its case: the moment it applies at never came.
-NEVER_REACHED = {
-    **{name: "no killed worker left its turn unfinished" for name in STORAGE_FAULTS},
-    "refused": "no worker was started again after a kill",
-    "concurrent-resume": "no worker was killed while its turn was running",
-    "twin-recovery": "no worker was killed while its turn was running",
-    "locked": "the case reported no tool effect",
-    **{name: "no planned kill landed" for name in POWER_FAULTS},
-}
+from supervisor.chaos.nemesis.family import AFTER_A_KILL, EVERY_CASE, PER_CAMPAIGN, planned_how
 
 
 def planned_in_case(requested: Iterable[str], kills_planned: bool) -> list[str]:
     """The requested families a case plans to meet (see the module docstring)."""
     return [name for name in requested
-            if name == "locked" or (kills_planned and name in AFTER_A_KILL)]
+            if planned_how(name)[0] == EVERY_CASE or (kills_planned and planned_how(name)[0] == AFTER_A_KILL)]
 
 
 def account(events: Sequence[dict[str, Any]], requested: Iterable[str],
             kills_planned: bool) -> dict[str, dict[str, Any]]:
     """One case's row per requested family that is accounted per case: planned, landed,
     skipped, and `why_skipped` (reason -> count)."""
-    rows: dict[str, dict[str, Any]] = {name: _row() for name in requested if name not in MODEL_FAULTS}
+    rows: dict[str, dict[str, Any]] = {name: _row() for name in requested if planned_how(name)[0] != PER_CAMPAIGN}
     decided: set[str] = set()
     for event in events:
         name = event.get("fault")
@@ -58,7 +45,7 @@ def account(events: Sequence[dict[str, Any]], requested: Iterable[str],
         _add(rows[name], bool(event.get("landed")), event.get("reason"))
     for name in planned_in_case(rows, kills_planned):
         if name not in decided:
-            _add(rows[name], False, NEVER_REACHED[name])
+            _add(rows[name], False, planned_how(name)[1])  # the moment it applies at never came
     return rows
 
 
@@ -66,7 +53,7 @@ def campaign_rows(served: Mapping[str, int], requested: Iterable[str]) -> dict[s
     """The model's faults for a whole campaign: every fault the model served landed (a request
     met it), and one it had planned is served the first time that request comes."""
     return {name: {"planned": served.get(name, 0), "landed": served.get(name, 0), "skipped": 0,
-                   "why_skipped": {}} for name in requested if name in MODEL_FAULTS}
+                   "why_skipped": {}} for name in requested if planned_how(name)[0] == PER_CAMPAIGN}
 
 
 def add_rows(total: dict[str, dict[str, Any]], rows: Mapping[str, Mapping[str, Any]]) -> None:

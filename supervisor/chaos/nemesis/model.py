@@ -16,6 +16,7 @@ import threading
 import zlib
 from typing import Any
 
+from supervisor.chaos.nemesis.family import PER_CAMPAIGN, Nemesis
 from testkit.script import Reply, Script, request_key
 
 MODEL_FAULTS = ("http500", "http429", "truncate", "stall", "not_json", "empty_choices")
@@ -54,3 +55,35 @@ def with_model_faults(script: Script, faults: list[str]) -> Script:
         return dataclasses.replace(reply, fault=fault, fault_times=1, retry_after=0.05, stall_seconds=STALL_S)
 
     return faulty
+
+
+class ModelFaults(Nemesis):
+    """The scripted model's own faults, served once per distinct request (counted per campaign)."""
+
+    FAULTS = MODEL_FAULTS
+    PLANNED = PER_CAMPAIGN
+
+    @classmethod
+    def model_script(cls, script: Script, chosen: tuple[str, ...]) -> Script:
+        return with_model_faults(script, list(chosen))
+
+    def worker_timeout(self, seconds: float) -> float:
+        return STALL_WORKER_TIMEOUT_S if "stall" in self.chosen else seconds
+
+
+class RefusedModel(Nemesis):
+    """`refused`: the first worker started again after a kill finds the model refusing connections."""
+
+    FAULTS = ("refused",)
+    NEVER_REACHED = "no worker was started again after a kill"
+
+    done = False
+
+    def model_url(self, url: str) -> str:
+        if self.done or self.case.sigkills == 0:
+            return url
+        self.done = True
+        refused = refusing_url()
+        self.case.history.record("model_fault", fault="refused", url=refused)
+        self.case.account("refused", landed=True)
+        return refused

@@ -25,11 +25,19 @@ from __future__ import annotations
 
 import hashlib
 import random
+import signal
+import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermes.private_files import make_private_dirs
+from hermes.state import StorageError
+from supervisor.chaos.nemesis.family import FaultUnavailable, Nemesis
 from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSError, LazyFSServers, why_unavailable
+
+if TYPE_CHECKING:
+    from supervisor.chaos.checker import Durable
+    from supervisor.procs.pool import WorkerProcess
 
 POWER_LOSS, TORN_WRITE = "power-loss", "torn-write"
 POWER_FAULTS = (POWER_LOSS, TORN_WRITE)
@@ -41,7 +49,7 @@ INSTALL_HINT = ("install the Debian package fuse3 (apt-get install fuse3; it nee
                 "pip install 'hermes-supervisor[powerloss]'")
 
 
-class PowerLossUnavailable(Exception):
+class PowerLossUnavailable(FaultUnavailable):
     """This machine cannot mount a lazy file system; says what to install."""
 
 
@@ -129,3 +137,118 @@ def brief_crash(lost: dict[str, Any], limit: int = 8) -> dict[str, Any]:
                       **({"dropped_truncates": item["dropped_truncates"]} if item.get("dropped_truncates") else {})})
     return {"mode": lost.get("mode"), "seed": lost.get("seed"), "dropped_writes": int(lost.get("dropped_writes") or 0),
             "removed_entries": list(lost.get("removed_entries") or []), "torn": lost.get("torn"), "files": files}
+
+
+class PowerLoss(Nemesis):
+    """`power-loss` and `torn-write`: the case's state lives on a lazy file system, and every kill
+    its plan lands is a power cut under the whole case (`PowerCuts`)."""
+
+    FAULTS = POWER_FAULTS
+    NEVER_REACHED = "no planned kill landed"
+
+    def __init__(self, case: Any, chosen: tuple[str, ...], resource: Any = None) -> None:
+        super().__init__(case, chosen, resource)
+        if resource is None:
+            raise ValueError("--faults power-loss needs the campaign's lazy file system servers")
+        self.cuts = PowerCuts(case.dir, resource)
+        self.count = 0
+
+    @classmethod
+    def check_available(cls, chosen: tuple[str, ...], faults: tuple[str, ...], workdir: Path) -> None:
+        if "disk" in faults:
+            raise FaultUnavailable("--faults disk puts each case on a tmpfs and power-loss on a lazy file system: "
+                                   "one case directory cannot be both; run them in two campaigns")
+        check_available(chosen)
+
+    @classmethod
+    def open_resource(cls, chosen: tuple[str, ...]) -> LazyFSServers:
+        return LazyFSServers()  # kept from case to case: a server serves many mounts
+
+    def state_dir(self) -> Path:
+        return self.cuts.state
+
+    def setup(self) -> None:
+        self.cuts.mount()
+
+    def teardown(self) -> None:
+        self.case.observer.close()
+        self.cuts.release()
+
+    def on_kill(self, killed: WorkerProcess) -> bool:
+        """The planned kill of `killed` landed: cut the power under the whole case. Every other
+        process of the case dies with it; what the mount showed, what the cut lost, and what the
+        disk holds afterwards go into one `power_cut` event (checker: power-cut-durability), and
+        what it holds is the killed worker's exit snapshot."""
+        from supervisor.chaos.checker import Durable
+        from supervisor.chaos.checker.deaths import POWER_CUT
+        from supervisor.chaos.checker.evidence import ledger_records
+        from supervisor.chaos.history import snapshot_and_ask, summarize_rows
+
+        case = self.case
+        others = case.running_workers()
+        for other in others:
+            if other.kill(POWER_CUT):
+                case.history.record("kill", incarnation=other.incarnation, pid=other.pid, signal=signal.SIGKILL,
+                                    by=POWER_CUT, probe=None)
+        for other in others:
+            other.wait(case.config.process_timeout)
+        case.observer.close()
+        try:
+            before, _ = snapshot_and_ask(case.db, None)
+        except StorageError as exc:  # what the mount shows cannot be read: nothing to compare with
+            before = Durable(case.db, error=str(exc))
+        ledger_before = ledger_records(case.ledger)
+        torn = TORN_WRITE in self.chosen
+        mode, seed = crash_plan(case.case.case_id, self.count, torn)
+        self.count += 1
+        lost = brief_crash(self.cuts.cut(mode, seed))
+        turn_index = case.turn_of(killed.incarnation)
+        case.forget_seen()
+        state: Any = case.UNREAD
+        try:  # one copy of what survived: its integrity, and the exit snapshot's rows and turn state
+            after, answer = snapshot_and_ask(case.db, lambda conn: (_integrity(conn),
+                                                                    case.read_turn_state(conn, turn_index)))
+            integrity, state = answer if answer is not None else ("no database", None)
+        except StorageError as exc:
+            after, integrity = Durable(case.db, error=str(exc)), [str(exc)]
+        ledger_after = ledger_records(case.ledger)
+        rows_before, rows_after = summarize_rows(before), summarize_rows(after)
+        gone = {row_id: row for row_id, row in rows_before.items() if not _same_row(row, rows_after.get(row_id))}
+        kept = [row_id for row_id in rows_before if row_id not in gone]
+        case.history.record(
+            "power_cut", incarnation=killed.incarnation, synchronous=case.config.synchronous, **lost,
+            killed=[other.incarnation for other in others], rows_before=len(rows_before), rows_after=len(rows_after),
+            lost_rows={str(k): v for k, v in sorted(gone.items())}, kept_max_id=max(kept, default=0),
+            integrity=integrity,
+            ledger_lost=_ledger_lost(ledger_before, ledger_after, after),
+            ledger_error=next((x for x in (ledger_before, ledger_after) if isinstance(x, str)), None))
+        if after.error is None:
+            case.record_snapshot("exit", after, turn_index, state)
+        case.account(POWER_LOSS, landed=True)
+        if torn:
+            case.account(TORN_WRITE, landed=lost["torn"] is not None,
+                         reason=None if lost["torn"] else "no unsynced write crossed a 512-byte sector boundary")
+        return True
+
+
+def _integrity(conn: sqlite3.Connection) -> str | list[str]:
+    """PRAGMA integrity_check of a snapshot copy: "ok", or what it found wrong."""
+    found = [str(row[0]) for row in conn.execute("PRAGMA integrity_check").fetchall()]
+    return "ok" if found == ["ok"] else found
+
+
+def _ledger_lost(before: dict[str, str | None] | str, after: dict[str, str | None] | str,
+                 survived: Durable) -> list[dict[str, Any]] | None:
+    """The ledger's records the cut took, each with its tool call and whether that call's result
+    survived in the transcript (the record was then committed before the result was, so before a
+    commit that returned: a loss the ledger must not have). None when a side could not be read."""
+    if isinstance(before, str) or isinstance(after, str):
+        return None
+    answered = {row.get("tool_call_id") for row in survived.rows if row.get("role") == "tool"}
+    return [{"record": key, "tool_call_id": call, "answered": call is not None and call in answered}
+            for key, call in sorted(before.items()) if key not in after]
+
+
+def _same_row(before: dict[str, Any], after: dict[str, Any] | None) -> bool:
+    """Is `after` the row `before` was (a later archive or blank repair aside)?"""
+    return after is not None and all(before.get(k) == after.get(k) for k in ("session", "turn", "role", "digest"))

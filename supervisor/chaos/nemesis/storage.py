@@ -44,6 +44,9 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
+
+from supervisor.chaos.nemesis.family import EVERY_CASE, FaultUnavailable, Nemesis
 
 STORAGE_FAULTS = ("disk", "readonly", "corrupt")
 TMPFS_SIZE = "16m"  # plenty for any scenario's files; small enough to fill in milliseconds
@@ -63,7 +66,7 @@ def hold_write_lock(db: Path, seconds: float) -> None:
     timer.start()
 
 
-class StorageFaultUnavailable(Exception):
+class StorageFaultUnavailable(FaultUnavailable):
     """This machine cannot make the fault (no right to mount, no chattr, ...); says why."""
 
 
@@ -293,3 +296,82 @@ def check_available(faults: tuple[str, ...] | list[str], scratch: Path) -> None:
     for name in faults:
         if name in KINDS:
             KINDS[name].check_available(scratch)
+
+
+class LockedDatabase(Nemesis):
+    """`locked`: another connection holds the database's write lock when the case's first tool
+    effect is about to happen, for longer than the worker's busy budget."""
+
+    FAULTS = ("locked",)
+    PLANNED = EVERY_CASE
+    NEVER_REACHED = "the case reported no tool effect"
+
+    fired = False
+
+    def on_effect(self) -> None:
+        if self.fired:
+            return
+        self.fired = True
+        seconds = self.case.BUSY_BUDGET_S + 1.0
+        hold_write_lock(self.case.db, seconds)  # taken now, before the ack, so the worker meets it
+        self.case.history.record("storage_fault", fault="locked", seconds=seconds)
+        self.case.account("locked", landed=True)
+
+
+class BrokenStorage(Nemesis):
+    """`disk`, `readonly`, `corrupt`: one round each, after the first kill that leaves a turn to finish."""
+
+    FAULTS = STORAGE_FAULTS
+    NEVER_REACHED = "no killed worker left its turn unfinished"
+
+    def __init__(self, case: Any, chosen: tuple[str, ...], resource: Any = None) -> None:
+        super().__init__(case, chosen, resource)
+        self.faults = [KINDS[name](case.dir) for name in chosen]
+        self.done = False
+
+    @classmethod
+    def check_available(cls, chosen: tuple[str, ...], faults: tuple[str, ...], workdir: Path) -> None:
+        check_available(chosen, workdir)
+
+    def setup(self) -> None:
+        for fault in self.faults:
+            fault.prepare()
+
+    def teardown(self) -> None:
+        for fault in self.faults:
+            fault.release()
+
+    def after_kill(self, turn_index: int, state: str | None) -> str | None:
+        """With the worker down: per storage fault, break the storage, start a worker that must
+        fail closed on it (checker: fails-closed), then mend the storage exactly as it was. First
+        of the recovery rounds, while the killed worker's state is as it left it."""
+        if state in ("done", "failed") or self.done:
+            return state
+        self.done = True
+        case, command = self.case, "resume" if state == "running" else "run"
+        for fault in self.faults:
+            if not case.db.exists():
+                case.account(fault.cause, landed=False, reason="the killed worker had not created the database yet")
+                continue
+            # Our own observer connection must not be open across the break: a worker that finds
+            # itself the file's last connection checkpoints and deletes the WAL index, and a
+            # connection that outlived that keeps reading a stale, unlinked copy of it.
+            case.observer.close()
+            what = fault.break_storage(case.db)
+            if what is None:
+                case.account(fault.cause, landed=False,
+                             reason="the killed worker had not committed a table for this fault to break")
+                continue
+            try:  # mended whatever happens, a worker that cannot start (the campaign stopping) too
+                # Process index -1: no kill plan is ever aimed at this worker, and its probe hits
+                # stay out of the traces further cases are derived from.
+                proc = case.spawn(command, turn_index, -1, None)
+                case.history.record("storage_fault", fault=fault.cause, phase="broken", what=what,
+                                    incarnation=proc.incarnation, expect=f"session_persistence_failed:{fault.cause}")
+                case.account(fault.cause, landed=True)
+                case.finish(proc, snapshot=False)  # a corrupt file cannot be snapshotted: after mending
+            finally:
+                fault.mend(case.db)
+            case.history.record("storage_fault", fault=fault.cause, phase="mended", incarnation=proc.incarnation)
+            case.snapshot("mend")
+        return state
