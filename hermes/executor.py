@@ -33,8 +33,8 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hermes import probes
+from hermes.outcomes import CANCELLED_RESULT, INTERRUPTED, UNKNOWN_OUTCOME, dangling_result
 from hermes.private_files import make_private_dirs, write_file_durably
-from hermes.resume import UNKNOWN_OUTCOME
 from hermes.tools import registry, tool_error, tool_failure_message
 from hermes.transcript import make_tool_result_message, normalize_tool_calls
 
@@ -49,8 +49,6 @@ SPILL_PREVIEW_CHARS = 4_000
 _SPILL_NOTE = "\n\n[output of {tool} was {chars} characters; the full text is saved in {path}]"
 _SPILL_NOTE_RE = re.compile(r"\n\n\[output of (?P<tool>.+?) was (?P<chars>\d+) characters; "
                             r"the full text is saved in (?P<path>[^\n]+)\]\Z")
-# Only for a call that never started: one that may have run is answered UNKNOWN_OUTCOME.
-CANCELLED_RESULT = "[cancelled: the turn was interrupted before this tool call finished]"
 
 
 def maybe_persist_tool_result(*, content: str, tool_name: str, tool_call_id: str,
@@ -182,7 +180,7 @@ def execute_tool_calls_sequential(agent: "AIAgent", assistant_message: Any,
     except KeyboardInterrupt:
         answered = _answered_since(messages, start)
         # The interrupted call may have had its effect; the calls after it never started.
-        _answer_interrupted(turn, [(call, UNKNOWN_OUTCOME if call["id"] in intended else CANCELLED_RESULT)
+        _answer_interrupted(turn, [(call, dangling_result(call["id"] in intended, INTERRUPTED))
                                     for call in calls if call["id"] not in answered], messages)
         raise
 
@@ -195,7 +193,7 @@ def _settled_result(call: dict[str, Any], future: Future[Any]) -> str:
         return tool_error(tool_failure_message(call["function"]["name"], exc))
     except BaseException:
         # The tool itself was interrupted part way: whatever it did before is unknown.
-        return UNKNOWN_OUTCOME
+        return dangling_result(True, INTERRUPTED)
 
 
 def _interrupted_answer(call: dict[str, Any], error: str | None, future: Future[Any] | None) -> str:
@@ -207,7 +205,7 @@ def _interrupted_answer(call: dict[str, Any], error: str | None, future: Future[
     # Still running, or never started although its dispatch intent is (or may be) committed:
     # a call with an intent is never answered "cancelled", since only its ledger could prove
     # that it never ran. Recovery and the model treat it as a call whose effect is unknown.
-    return UNKNOWN_OUTCOME
+    return dangling_result(True, INTERRUPTED)
 
 
 def execute_tool_calls_concurrent(agent: "AIAgent", assistant_message: Any,
@@ -287,7 +285,7 @@ def execute_tool_calls_segmented(agent: "AIAgent", assistant_message: Any, messa
     except KeyboardInterrupt:
         # The interrupted segment answered its own calls; later segments never started.
         answered = _answered_since(messages, start)
-        _answer_interrupted(turn, [(call, CANCELLED_RESULT)
+        _answer_interrupted(turn, [(call, dangling_result(False, INTERRUPTED))
                                     for call in normalize_tool_calls([c for _, part in segments for c in part])
                                     if call["id"] not in answered], messages)
         raise

@@ -20,12 +20,12 @@ it, and the turn stays 'running' for a recovery on working storage to finish.
 """
 from __future__ import annotations
 
-import json
 import sqlite3
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hermes import probes
+from hermes.outcomes import CRASHED, dangling_result
 from hermes.tools import IDEMPOTENT
 from hermes.transcript import is_final_answer, make_tool_result_message, trailing_tool_block
 from hermes.turn import Turn
@@ -33,17 +33,6 @@ from hermes.turn import Turn
 if TYPE_CHECKING:
     from hermes.runner import AIAgent
     from hermes.state import SessionDB
-
-# The result of a call that was dispatched and never reported back: written by recovery for an
-# at_most_once call whose process died, and by the executors for a call their turn's
-# interrupt cut off (hermes.executor). Worded to be true in both places.
-UNKNOWN_OUTCOME = json.dumps({
-    "status": "outcome_unknown",
-    "error": ("This tool call was dispatched, then cut off before its result was saved: the process "
-              "running it stopped, or its turn was cancelled while it ran. It was not run again, so its "
-              "effect may or may not have happened. Check before relying on it or asking for it again."),
-})
-
 
 def resume_interrupted_turn(agent: "AIAgent", *, system_message: str | None = None,
                             task_id: str | None = None) -> dict[str, Any] | None:
@@ -107,11 +96,12 @@ def _reconcile_tool_block(agent: "AIAgent", messages: list[dict[str, Any]],
             agent._execute_tool_calls_sequential(SimpleNamespace(content=None, tool_calls=[call]),
                                                  messages, task_id)
         else:
-            result = make_tool_result_message(call["function"]["name"], UNKNOWN_OUTCOME, call["id"])
+            answer = dangling_result(True, CRASHED)
+            result = make_tool_result_message(call["function"]["name"], answer, call["id"])
             result["_turn_id"] = turn.id
             messages.append(result)
             if turn.flush(messages):
-                turn.show_tool_complete(call["id"], call["function"]["name"], None, UNKNOWN_OUTCOME)
+                turn.show_tool_complete(call["id"], call["function"]["name"], None, answer)
         if turn.persistence_failed:
             return False
     return True

@@ -93,7 +93,6 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
         self._toolsets: dict[str, list[str]] = {}
-        self._requirements: dict[str, Callable[[], list[str]]] = {}
         self._declared_in: dict[str, str] = {}  # tool name -> module that declared it with @tool
         self._lock = threading.Lock()
 
@@ -104,10 +103,6 @@ class ToolRegistry:
             if tool.name not in names:
                 names.append(tool.name)
         return tool
-
-    def require(self, toolset: str, check: Callable[[], list[str]]) -> None:
-        """`check()` lists what the toolset still lacks (empty when usable)."""
-        self._requirements[toolset] = check
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -192,14 +187,10 @@ def get_tool_definitions(enabled_toolsets: list[str] | None = None) -> list[dict
 
 
 def check_toolset_requirements(enabled_toolsets: list[str] | None = None) -> dict[str, list[str]]:
-    """Toolsets that cannot be used yet, with what each lacks."""
-    missing = {}
-    for name in enabled_toolsets or registry.toolsets():
-        check = registry._requirements.get(name)
-        lacks = check() if check else []
-        if lacks:
-            missing[name] = lacks
-    return missing
+    """Toolsets that cannot be used yet, with what each lacks: upstream's runner asks this of
+    toolsets that need an API key or a binary. None of this runtime's needs anything the worker
+    does not have, so the answer is empty; the name stays because the seed contract patches it."""
+    return {}
 
 
 def tool_error(message: str) -> str:

@@ -16,8 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from hermes.executor import CANCELLED_RESULT
-from hermes.resume import UNKNOWN_OUTCOME
+from hermes.outcomes import CANCELLED_RESULT, UNKNOWN_OUTCOME
 from hermes.state import SessionDB
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, ToolRegistry, tool_error
 from supervisor.chaos import checker

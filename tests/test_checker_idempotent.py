@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 from test_checker import SID, Scenario, call, failing, holds
 
-from hermes.resume import UNKNOWN_OUTCOME
+from hermes.outcomes import UNKNOWN_OUTCOME
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, ToolContext, ToolRegistry
 from supervisor.chaos.checker import KEYED_WRITES, NO_LEDGER, UNKNOWN, effect_semantics, result_fidelity
 from worker import chaos_tools

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hermes.outcomes import GIVEN_UP, dangling_result
 from hermes.state import SessionDB
 from supervisor.chaos.checker import check_structure
 from supervisor.daemon import cli as daemon_cli
@@ -127,7 +128,7 @@ def test_abandoning_a_turn_leaves_the_transcript_well_formed(tmp_path: Path) -> 
     db_path = tmp_path / "state.db"
     with SessionDB(db_path) as db:
         db.submit_turn("s", "never-started", "a question nobody ran")
-        assert db.abandon_turn("never-started", "gave up", owner="test", unknown_result="?", not_run_result="-")
+        assert db.abandon_turn("never-started", "gave up", owner="test", why=GIVEN_UP)
         calls = [{"id": f"c{i}", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
                  for i in (1, 2, 3)]
         db.submit_turn("s", "mid-block", "look three things up")
@@ -139,17 +140,17 @@ def test_abandoning_a_turn_leaves_the_transcript_well_formed(tmp_path: Path) -> 
         db.record_dispatches("s", "mid-block", [{"tool_call_id": "c2", "tool_name": "lookup", "policy": "idempotent",
                                                  "idempotency_key": "k2"}])
         assert check_structure(db_path, "s").valid is True  # a running turn may stop mid-block
-        unknown = json.dumps({"status": "outcome_unknown", "error": "crashed"})
-        assert db.abandon_turn("mid-block", "crash loop", owner="test", unknown_result=unknown,
-                               not_run_result=json.dumps({"error": "not run"}))
-        assert not db.abandon_turn("mid-block", "again", owner="test", unknown_result="?", not_run_result="-")
-        assert not db.abandon_turn("no-such-turn", "x", owner="test", unknown_result="?", not_run_result="-")
+        assert db.abandon_turn("mid-block", "crash loop", owner="test", why=GIVEN_UP)
+        assert not db.abandon_turn("mid-block", "again", owner="test", why=GIVEN_UP)
+        assert not db.abandon_turn("no-such-turn", "x", owner="test", why=GIVEN_UP)
         turns = {t["id"]: t for t in db.get_turns("s")}
         rows = db.get_messages("s")
     assert turns["never-started"]["state"] == "failed" and turns["never-started"]["error"] == "gave up"
     assert turns["mid-block"]["state"] == "failed" and turns["mid-block"]["error"] == "crash loop"
     results = {r["tool_call_id"]: r["content"] for r in rows if r["role"] == "tool"}
-    assert results == {"c1": "{}", "c2": unknown, "c3": json.dumps({"error": "not run"})}
+    assert results == {"c1": "{}", "c2": dangling_result(True, GIVEN_UP, "crash loop"),
+                       "c3": dangling_result(False, GIVEN_UP, "crash loop")}
+    assert json.loads(results["c2"])["status"] == "outcome_unknown" and "crash loop" in results["c3"]
     assert [r["role"] for r in rows if r["turn_id"] == "never-started"] == ["user"]
     verdict = check_structure(db_path, "s")
     assert verdict.valid is True, verdict.to_json()

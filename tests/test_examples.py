@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from workerutil import read_durable, run_worker, transcript_violations, worker_argv, worker_env
 
-from hermes.resume import UNKNOWN_OUTCOME
+from hermes.outcomes import UNKNOWN_OUTCOME
 from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, turn_script
 
 TOOLS = ("--tools", "examples.notes_tools")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from hermes import executor
-from hermes.resume import UNKNOWN_OUTCOME
+from hermes.outcomes import UNKNOWN_OUTCOME
 from hermes.runner import AIAgent
 from hermes.state import SessionDB
 from hermes.tools import Tool, ToolContext, registry

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 import hermes.tools
-from hermes.executor import CANCELLED_RESULT
-from hermes.resume import UNKNOWN_OUTCOME
+from hermes.outcomes import CANCELLED_RESULT, UNKNOWN_OUTCOME
 from hermes.tools import ToolRegistry, handle_function_call
 from worker import chaos_tools
 from worker.chaos_tools import clean_results

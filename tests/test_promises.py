@@ -35,7 +35,7 @@ LG_ASYNC, LG_EXIT, LG_SYNC = (langgraph.MODE_DOCS[mode] for mode in ("async", "e
 LG_CLAIMS, LG_NODE_RERUN = langgraph.CLAIMS_DOC, langgraph.NODE_RERUN_DOC
 LG_PENDING_WRITES, LG_RESUME = langgraph.PENDING_WRITES_DOC, langgraph.RESUME_DOC
 OA_CLAIMS, OA_STORED_AFTER_RUN = openai_agents.CLAIMS_DOC, openai_agents.STORED_AFTER_RUN_DOC
-TARGETS = registry.all_targets()
+TARGETS = {name: registry.get(name) for name in registry.BUILTIN}  # ours (an installed example has its own)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFECTS = Path(__file__).resolve().parent / "defects"

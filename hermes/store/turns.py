@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from hermes.ids import validate_session_id
+from hermes.outcomes import dangling_result
 from hermes.store.messages import Messages
 from hermes.transcript import trailing_tool_block
 
@@ -115,16 +116,15 @@ class Turns(Messages):
                           "AND cloned_from IS NULL", (session_id, turn_id))
         return int(rows[0]["n"])
 
-    def abandon_turn(self, turn_id: str, error: str, *, owner: str, unknown_result: str,
-                     not_run_result: str) -> bool:
+    def abandon_turn(self, turn_id: str, error: str, *, owner: str, why: str) -> bool:
         """End an unfinished turn as 'failed' and leave its transcript well-formed.
 
         First takes the session's lease (a new fencing epoch, so a straggling worker can
         write nothing more). Then, in one transaction: a turn that never started gets its
         user row (the question was asked; the record says so); each tool call of the
-        turn's trailing tool block left without a result gets one, `unknown_result` when
-        a dispatch intent shows it may have run, `not_run_result` when none does; and
-        the turn is marked failed with `error`. Rows already written are never changed.
+        turn's trailing tool block left without a result gets one (`hermes.outcomes`: the turn
+        stopped `why`, CANCELLED or GIVEN_UP, for `error`; unknown when a dispatch intent shows
+        the call may have run, not run when none does); and the turn is marked failed with `error`. Rows already written are never changed.
         Returns False when the turn is unknown or had already ended.
         """
         turn = self.get_turn(turn_id)
@@ -142,7 +142,7 @@ class Turns(Messages):
                 msgs = [{"role": "user", "content": self._decode_content(turn["user_text"], "text"),
                          "_turn_id": turn_id}]
             else:
-                msgs = self._close_dangling_calls(conn, session_id, turn_id, unknown_result, not_run_result)
+                msgs = self._close_dangling_calls(conn, session_id, turn_id, why, error)
             self._insert_message_rows(conn, session_id, msgs)
             if state[0] == "queued":
                 conn.execute("UPDATE turns SET attempts = attempts + 1, started_at = ? WHERE id = ?",
@@ -157,8 +157,8 @@ class Turns(Messages):
             self._leases.pop(session_id, None)
 
     @staticmethod
-    def _close_dangling_calls(conn: sqlite3.Connection, session_id: str, turn_id: str, unknown_result: str,
-                              not_run_result: str) -> list[dict[str, Any]]:
+    def _close_dangling_calls(conn: sqlite3.Connection, session_id: str, turn_id: str, why: str,
+                              reason: str) -> list[dict[str, Any]]:
         """A result for each unanswered call of the turn's trailing tool block (in the caller's transaction)."""
         newest_first = conn.execute("SELECT role, turn_id, tool_calls, tool_call_id FROM messages "
                                     "WHERE session_id = ? AND active = 1 ORDER BY id DESC", (session_id,))
@@ -182,7 +182,7 @@ class Turns(Messages):
                 (session_id, turn_id, call.get("id"))).fetchone()
             results.append({"role": "tool", "name": (call.get("function") or {}).get("name"),
                             "tool_call_id": call.get("id"), "_turn_id": turn_id,
-                            "content": unknown_result if dispatched else not_run_result})
+                            "content": dangling_result(dispatched is not None, why, reason)})
         return results
 
     def running_turn(self, session_id: str) -> dict[str, Any] | None:

@@ -12,8 +12,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable, Collection, Sequence
 
-from hermes.executor import CANCELLED_RESULT, parse_spilled
-from hermes.resume import UNKNOWN_OUTCOME
+from hermes.executor import parse_spilled
+from hermes.outcomes import CANCELLED_RESULT, UNKNOWN_OUTCOME
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT
 from supervisor.chaos.checker.evidence import (
     DB,
