@@ -18,7 +18,7 @@ import json
 
 CRASHED = "crashed"          # the process running the turn stopped; recovery answers the call
 INTERRUPTED = "interrupted"  # the turn's interrupt cut the batch short
-CANCELLED = "cancelled"      # a cancel request ended the turn
+CANCELLED = "cancelled"      # a cancel request ended the turn (also the error such a turn ends 'failed' with)
 GIVEN_UP = "given_up"        # the daemon gave the turn up (a crash loop, a limit), for a reason
 
 # Written by recovery for an at_most_once call whose process died, and by the executors for a

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes import probes
-from hermes.resume import UNKNOWN_OUTCOME
+from hermes.outcomes import UNKNOWN_OUTCOME
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, get_tool_definitions, handle_function_call, registry
 
 __all__ = ["AT_MOST_ONCE", "IDEMPOTENT", "UNKNOWN_OUTCOME", "TurnContext"]

@@ -1,4 +1,5 @@
-"""Imports only point down, and supervisor/ has no import cycle.
+"""Imports only point down, each room imports what docs/architecture.md says it may, and
+supervisor/ has no import cycle.
 
 Every module of hermes/, targetkit/, worker/, supervisor/, testkit/ and bench/ is read with `ast`
 (never imported). The layers: `hermes` imports neither `worker` nor `supervisor`; `targetkit` (the
@@ -10,6 +11,7 @@ module-level imports inside supervisor/ (an import under `if TYPE_CHECKING:` nev
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ class Module:
     path: Path
     imports: set[str] = field(default_factory=set)               # every import, anywhere
     module_level: set[str] = field(default_factory=set)          # run when the module is imported
+    runtime: set[str] = field(default_factory=set)               # every import but those for type checkers
 
 
 def _module_name(path: Path) -> str:
@@ -64,26 +67,28 @@ def _targets(node: ast.Import | ast.ImportFrom, module: Module, known: set[str])
     return found if len(found) == len(node.names) else [base, *found]
 
 
-def _walk(body: list[ast.stmt], module: Module, known: set[str], top: bool) -> None:
+def _walk(body: list[ast.stmt], module: Module, known: set[str], top: bool, typing: bool = False) -> None:
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             targets = _targets(node, module, known)
             module.imports.update(targets)
+            if not typing:
+                module.runtime.update(targets)
             if top:
                 module.module_level.update(targets)
         elif isinstance(node, ast.If) and _is_type_checking(node):
-            _walk(node.body, module, known, top=False)
-            _walk(node.orelse, module, known, top)
+            _walk(node.body, module, known, top=False, typing=True)
+            _walk(node.orelse, module, known, top, typing)
         else:
             for name, value in ast.iter_fields(node):
                 # Bodies of functions and classes' methods run later; a class body, try and if run now.
                 nested = top and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
                 if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
-                    _walk(value, module, known, nested)
+                    _walk(value, module, known, nested, typing)
                 elif isinstance(value, list):
                     for item in value:
                         if isinstance(item, ast.excepthandler):
-                            _walk(item.body, module, known, nested)
+                            _walk(item.body, module, known, nested, typing)
 
 
 def load_modules() -> dict[str, Module]:
@@ -182,3 +187,102 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"a"}}) == [["a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# ------------------------------------------------------------ the rooms of docs/architecture.md
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+HEADER = "| room | what it owns | may import |"
+ANYTHING, NOTHING_OF_OURS = "anything", "nothing of ours"
+
+
+@dataclass
+class Room:
+    modules: list[str]                 # the room's modules (a prefix: a package, or one module)
+    allowed: list[str] | None          # module prefixes of ours it may import (None: anything)
+    only_through: dict[str, str] = field(default_factory=dict)  # allowed prefix -> the one module of the room that may
+
+
+def _resolve(token: str, base: str) -> str:
+    """A room table's name as a module: `procs/` under supervisor's table is supervisor.procs."""
+    name = token.strip("`").removesuffix(".py").rstrip("/").replace("/", ".")
+    return name if _package(name) in PACKAGES else f"{base}.{name}" if base else name
+
+
+def read_rooms(text: str) -> list[Room]:
+    """Every row of every table headed HEADER: its rooms (first cell) and what they may import (third)."""
+    rooms, in_table, base = [], False, ""
+    for line in text.splitlines():
+        if line.strip() == HEADER:
+            in_table = True
+            continue
+        if not in_table or not line.startswith("|"):
+            in_table = in_table and line.startswith("|")
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if set(cells[0]) <= {"-", " "}:
+            continue
+        names = re.findall(r"`([^`]+)`", cells[0])
+        first = names[0].strip("/")
+        base = "supervisor" if _package(first.replace("/", ".").removesuffix(".py")) not in PACKAGES else ""
+        modules, parent = [], ""
+        for name in names:
+            module = _resolve(name, base)
+            if "/" not in name and not base and parent:  # `finalizer.py` after `hermes/executor.py`
+                module = f"{parent}.{name.removesuffix('.py')}"
+            parent = module.rsplit(".", 1)[0] if name.endswith(".py") else module
+            modules.append(module)
+        rule = cells[2]
+        if rule.startswith(ANYTHING):
+            rooms.append(Room(modules, None))
+            continue
+        allowed = [] if rule.startswith(NOTHING_OF_OURS) else [
+            _resolve(t, base) for t in re.findall(r"`([^`]+)`", re.sub(r"\([^)]*\)", "", rule))]
+        through = {_resolve(a, base): _resolve(b, f"{modules[0]}") for a, b in
+                   re.findall(r"`([^`]+)` only through `([^`]+)`", rule)}
+        rooms.append(Room(modules, [a for a in allowed if a not in through and a not in through.values()], through))
+    return rooms
+
+
+ROOMS = read_rooms(ARCHITECTURE.read_text(encoding="utf-8"))
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _room_of(name: str) -> tuple[Room, str] | None:
+    """The most specific room holding module `name`, with the prefix that matched."""
+    found = [(room, m) for room in ROOMS for m in room.modules if _within(name, m)]
+    return max(found, key=lambda pair: len(pair[1])) if found else None
+
+
+def test_the_room_tables_are_read() -> None:
+    rooms = {m: room for room in ROOMS for m in room.modules}
+    assert {"supervisor.cli", "supervisor.chaos", "supervisor.daemon", "hermes.runner", "hermes.finalizer",
+            "hermes.store", "targetkit", "worker.targets", "testkit", "bench"} <= set(rooms), sorted(rooms)
+    assert rooms["bench"].allowed is None and rooms["hermes.transcript"].allowed == []
+    assert rooms["supervisor.daemon"].only_through == {"testkit": "supervisor.daemon.demo",
+                                                       "worker.chaos_tools": "supervisor.daemon.demo"}
+    assert "testkit" not in rooms["supervisor.daemon"].allowed
+
+
+def test_every_room_imports_only_what_its_row_says() -> None:
+    """docs/architecture.md's rooms, each with what it may import: a module of a room imports, of
+    ours, its own room and what the row allows (a `X` only through `Y` allows X in module Y alone).
+    What is imported for type checkers only is no dependency of the running code, and is not counted."""
+    wrong = []
+    for module in MODULES.values():
+        found = _room_of(module.name)
+        if found is None or found[0].allowed is None:
+            continue
+        room = found[0]
+        for target in sorted(module.runtime):
+            if _package(target) not in PACKAGES or any(_within(target, m) for m in room.modules):
+                continue
+            if any(_within(target, a) for a in room.allowed):
+                continue
+            through = [v for k, v in room.only_through.items() if _within(target, k)]
+            if through and any(_within(module.name, v) for v in through):
+                continue
+            wrong.append(f"{module.name} imports {target}, which its room's row does not allow")
+    assert not wrong, "\n".join(wrong)

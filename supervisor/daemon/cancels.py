@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Collection, Iterator
 
 from hermes import private_files
+from hermes.outcomes import CANCELLED  # noqa: F401  (the error of a turn ended by a cancel request)
 from supervisor.daemon.inbox import cancels_path
 from supervisor.daemon.log import log
-
-CANCELLED = "cancelled"  # the error of a turn ended by a cancel request
 
 
 class CancelRequests:

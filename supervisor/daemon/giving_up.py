@@ -7,14 +7,12 @@ may have taken effect, and its result says so; one never dispatched was not run.
 """
 from __future__ import annotations
 
-from hermes.outcomes import CANCELLED as ANSWER_CANCELLED
-from hermes.outcomes import GIVEN_UP
+from hermes.outcomes import CANCELLED, GIVEN_UP
 from hermes.state import SessionDB
-from supervisor.daemon.cancels import CANCELLED
 
 
 def end_turn(db: SessionDB, turn_id: str, reason: str, owner: str) -> bool:
     """End `turn_id` 'failed' with `reason` (CANCELLED for a cancel request), its dangling calls
     answered (hermes.outcomes), in one transaction; False when it had already ended. Storage
     errors propagate."""
-    return db.abandon_turn(turn_id, reason, owner=owner, why=ANSWER_CANCELLED if reason == CANCELLED else GIVEN_UP)
+    return db.abandon_turn(turn_id, reason, owner=owner, why=CANCELLED if reason == CANCELLED else GIVEN_UP)

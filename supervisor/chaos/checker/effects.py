@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Sequence
 
 from hermes.executor import parse_spilled
-from hermes.outcomes import CANCELLED_RESULT, UNKNOWN_OUTCOME
+from hermes.outcomes import CANCELLED, CANCELLED_RESULT, UNKNOWN_OUTCOME
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT
 from supervisor.chaos.checker.evidence import (
     DB,
@@ -40,7 +40,6 @@ from supervisor.chaos.checker.verdict import (
 )
 from supervisor.chaos.durable import Durable
 from supervisor.chaos.scenarios import Expectation
-from supervisor.daemon.cancels import CANCELLED
 from targetkit import EFFECT_MISMATCH, FULL_PROMISES, RAN_UNDISPATCHED, RERUN, Promises
 from worker.chaos_tools import clean_results
 
@@ -260,7 +259,7 @@ def _interrupted(events: Sequence[dict[str, Any]]) -> bool:
 
 def _cut_off_turns(d: Durable, events: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
     """(session, turn) of every turn an interrupt cut off: ended 'failed' with the error
-    "cancelled" (a cancel request, supervisor.daemon.cancels), or run by a worker that stopped on
+    "cancelled" (a cancel request, hermes.outcomes.CANCELLED), or run by a worker that stopped on
     SIGINT (a KeyboardInterrupt reached the turn, and hermes.executor answered its cut-off calls)."""
     cancelled = {t["id"] for t in d.turns if t["state"] == "failed" and t.get("error") == CANCELLED}
     stopped = {e.get("incarnation") for e in of_type(events, "exit") if e.get("signal") == signal.SIGINT}
