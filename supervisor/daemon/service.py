@@ -4,8 +4,8 @@ One process, in the foreground (fit for systemd), serving one session database:
 
 * **Exclusive.** It holds `PATH.daemon.lock` with flock(2) for its whole life; a second
   daemon on the same database is refused and told the holder's pid.
-* **Leasing.** Each pass of the loop reads the unfinished turns in submission order and
-  hands the oldest unfinished turn of each idle session to a new worker
+* **Leasing** (supervisor.daemon.leasing). Each pass of the loop reads the unfinished turns in
+  submission order and hands the oldest unfinished turn of each idle session to a new worker
   (supervisor.daemon.launcher), up to `workers` at once: one worker per session at a time,
   so the turns of a session run strictly in the order they were submitted. The worker
   takes the session's fencing lease itself, so a straggler can never write after a newer
@@ -43,7 +43,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
-import queue
 import signal
 import time
 from pathlib import Path
@@ -51,22 +50,20 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import psutil
 
-from hermes import private_files
 from hermes.state import SessionDB, StorageError
 from supervisor.daemon import inbox
-from supervisor.daemon.cancels import CANCELLED, CancelRequests
+from supervisor.daemon.cancels import CancelRequests
 from supervisor.daemon.config import DaemonConfig
 from supervisor.daemon.drain import Drain
-from supervisor.daemon.giving_up import end_turn
 from supervisor.daemon.inbox import AlreadyRunning
 from supervisor.daemon.launcher import Launcher, kill_recorded
-from supervisor.daemon.log import ReopenableFile, info, log, setup_logging, warn, worker_line
+from supervisor.daemon.leasing import Leasing
+from supervisor.daemon.log import ReopenableFile, info, log, setup_logging
 from supervisor.daemon.metrics import DaemonMetrics
-from supervisor.daemon.restarts import Lease, RestartPolicy, TurnNotes, limit_reason
+from supervisor.daemon.restarts import Lease, RestartPolicy
 from supervisor.daemon.systemd import Notifier
 from supervisor.daemon.wakeup import LoopCalls, Wakeup
-from supervisor.procs.pool import WorkerProcess, become_subreaper, reap_orphans
-from worker.protocol import ChannelClosed
+from supervisor.procs.pool import become_subreaper, reap_orphans
 
 if TYPE_CHECKING:
     from supervisor.daemon.http import HttpApi
@@ -85,12 +82,8 @@ class Daemon:
         self.server: ScriptedModelServer | None = None
         self.base_url = config.base_url or ""
         self.model = config.model or DEMO_MODEL
-        self.leases: dict[str, Lease] = {}            # session -> its worker's lease
         self.restarts = RestartPolicy(config.crash_limit, config.backoff_base, config.backoff_max,
                                       config.turn_timeout)
-        self.exits: queue.SimpleQueue[WorkerProcess] = queue.SimpleQueue()
-        self.by_incarnation: dict[int, Lease] = {}
-        self.incarnation = 0
         self.state = "starting"
         self.stop_requested = 0                       # signals received
         self.reopen_requested = False
@@ -114,6 +107,7 @@ class Daemon:
         self.cancels = CancelRequests(self.db_path)   # cancel requested, not carried out yet
         self.wakeup = Wakeup()
         self.calls = LoopCalls(self.wakeup)           # work other threads (the HTTP API) ask of the loop
+        self.leasing = Leasing(self)                  # which worker runs which turn (supervisor.daemon.leasing)
         self._create_time = psutil.Process(os.getpid()).create_time()
 
     def wake(self) -> None:
@@ -129,42 +123,17 @@ class Daemon:
         return self.calls.submit(fn)
 
     def request_cancel(self, turn_id: str) -> concurrent.futures.Future:
-        """Cancel a turn (see `_cancel`); from any thread."""
-        return self.call(lambda: self._cancel(turn_id))
+        """Cancel a turn (`Leasing.cancel`); from any thread."""
+        return self.call(lambda: self.leasing.cancel(turn_id))
 
-    # ----------------------------------------------------------- cancelling
-    def _cancel(self, turn_id: str) -> dict[str, Any]:
-        """Record a cancel request durably, and kill the turn's worker if it has one (by recorded pid).
+    @property
+    def leases(self) -> dict[str, Lease]:
+        """Session -> the lease of the worker running its turn now."""
+        return self.leasing.leases
 
-        The turn then ends like an interrupted one: when its worker has exited (or at once, when
-        it is the head of its session and has none), `_give_up` closes it well-formed, 'failed'
-        with the error CANCELLED. A queued turn behind others of its session waits until it is
-        the head, so it never runs and nothing is written into the turn before it.
-        """
-        assert self.db is not None
-        turn = self.db.get_turn(turn_id)
-        if turn is None:
-            return {"found": False}
-        out = {"found": True, "session": turn["session_id"], "state": turn["state"], "error": turn["error"]}
-        if turn["state"] not in ("queued", "running"):
-            return {**out, "cancelling": False}
-        session = turn["session_id"]
-        if self.cancels.add(turn_id, session):
-            info("cancel requested", session=session, turn=turn_id, state=turn["state"])
-        lease = self.leases.get(session)
-        if lease is not None and lease.turn == turn_id and lease.killed_for is None:
-            lease.killed_for = "cancel"
-            lease.proc.kill("cancel")
+    def changed(self) -> None:
+        """Something the status file shows changed: it is written again at the end of this pass."""
         self._dirty = True
-        return {**out, "cancelling": True}
-
-    def _give_up_cancelled(self) -> None:
-        """End every cancelled turn that heads its session and has no worker."""
-        for turn in inbox.session_heads(self.db):
-            if turn["id"] in self.cancels and turn["session_id"] not in self.leases:
-                notes = self.restarts.notes_for(turn["id"])
-                notes.give_up = CANCELLED
-                self._give_up(turn["id"], turn["session_id"], notes)
 
     def _on_signal(self, number: int, _frame: Any) -> None:
         # Only flags: the loop does the work (the wakeup fd has already woken it).
@@ -184,34 +153,6 @@ class Daemon:
         """Run `hook(daemon)` once started, before the loop runs and READY=1 is sent (e.g. to bind a
         listener: systemd then hears READY only once it is bound). A hook that raises stops the daemon."""
         self.ready_hooks.append(hook)
-
-    # ------------------------------------------------------- worker events
-    def _on_message(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
-        kind = msg.get("type")
-        if kind == "probe":
-            lease = self.by_incarnation.get(proc.incarnation)
-            if lease is not None:
-                lease.reached = True
-        elif kind in ("ui", "effect"):
-            proc.send({"type": "ack", "seq": msg.get("seq")})  # the worker waits for this
-        elif kind == "outcome":
-            lease = self.by_incarnation.get(proc.incarnation)
-            if lease is not None:
-                lease.outcome = msg.get("result")
-            self.metrics.note_outcome(msg.get("result"))
-
-    def _on_log(self, proc: WorkerProcess, line: bytes) -> None:
-        text = line.decode("utf-8", "replace").rstrip()
-        if not text:
-            return
-        lease = self.by_incarnation.get(proc.incarnation)
-        if lease is not None:
-            lease.stderr.append(text)
-        worker_line(text, proc.pid, lease.session if lease else None, lease.turn if lease else None)
-
-    def _on_exit(self, proc: WorkerProcess) -> None:  # a reaper thread
-        self.exits.put(proc)
-        self.wakeup.wake()
 
     # -------------------------------------------------------------- startup
     def _kill_leftovers(self) -> None:
@@ -276,159 +217,6 @@ class Daemon:
             except OSError:  # nobody reads stdout: the status file and the log still say it
                 pass
             info("HTTP API listening", url=self.http_url, token_file=str(token_path(self.db_path)))
-
-    # -------------------------------------------------------------- leasing
-    def _lease(self) -> None:
-        if self.cancels:
-            self._give_up_cancelled()
-        if len(self.leases) >= self.config.workers:
-            return
-        now = time.monotonic()
-        for turn in inbox.session_heads(self.db):
-            if len(self.leases) >= self.config.workers:
-                break
-            session = turn["session_id"]
-            if session in self.leases or self.restarts.waiting(session, now) or turn["id"] in self.cancels:
-                continue
-            notes = self.restarts.notes_for(turn["id"])
-            if notes.give_up is None:
-                notes.give_up = self._over_limit(turn, notes.last_error)
-            if notes.give_up is not None:
-                self._give_up(turn["id"], session, notes)
-                continue
-            self._spawn(turn, notes)
-
-    def _over_limit(self, turn: dict[str, Any], last: str | None = None) -> str | None:
-        """Why `turn` may get no other worker (its attempts or model calls), or None."""
-        assert self.db is not None
-        limits = {"max_attempts": self.config.max_attempts, "max_model_calls": self.config.max_model_calls}
-        if limit_reason(turn, **limits, last=last) is None:
-            return None
-        answered = inbox.final_answer(self.db, turn) is not None  # a worker would only mark it done
-        return limit_reason(turn, **limits, last=last, answered=answered)
-
-    def _spawn(self, turn: dict[str, Any], notes: TurnNotes) -> None:
-        assert self.db is not None and self.launcher is not None
-        session, turn_id = turn["session_id"], turn["id"]
-        rows = self.db.count_turn_rows(session, turn_id)
-        self.incarnation += 1
-        message_file = self.launcher.message_file(self.incarnation)
-        # Registered before the worker exists: its first log lines and its outcome find their lease.
-        lease = self.by_incarnation[self.incarnation] = Lease(
-            session, turn_id, rows, turn["state"], message_file=message_file)
-        try:
-            private_files.write_private(message_file, turn["user_text"] or "")
-            self.db.add_turn_attempt(turn_id)  # durably, before the worker exists
-            try:
-                proc = self.launcher.spawn(self.launcher.argv(session, turn_id, message_file), self.incarnation,
-                                           self._on_message, self._on_log, self._on_exit)
-            except BaseException:
-                self.db.add_turn_attempt(turn_id, -1)  # no worker started
-                raise
-        except (OSError, ChannelClosed, ValueError) as exc:
-            self.by_incarnation.pop(self.incarnation, None)
-            message_file.unlink(missing_ok=True)
-            log.error("could not start a worker: %s", exc, extra={"fields": {"session": session, "turn": turn_id}})
-            if self.restarts.start_failed(session, notes, exc):
-                self.metrics.crash_loops += 1
-                self._give_up(turn_id, session, notes)
-                return
-            self.launcher.replace_pool_if_broken()
-            return
-        lease.proc = proc
-        self.leases[session] = lease
-        notes.spawns += 1
-        self.totals["spawned"] += 1
-        self._dirty = True
-        info("leased turn", session=session, turn=turn_id, state=turn["state"], worker_pid=proc.pid,
-             attempt=notes.spawns)
-
-    # ---------------------------------------------------------------- exits
-    def _collect_exits(self) -> None:
-        while True:
-            try:
-                proc = self.exits.get_nowait()
-            except queue.Empty:
-                return
-            lease = self.by_incarnation.pop(proc.incarnation, None)
-            if lease is None:
-                continue
-            if lease.message_file is not None:
-                lease.message_file.unlink(missing_ok=True)
-            if self.leases.get(lease.session) is lease:
-                del self.leases[lease.session]
-            self._dirty = True
-            self.totals["worker_deaths"] += proc.returncode != 0
-            self._after_exit(lease)
-
-    def _after_exit(self, lease: Lease) -> None:
-        assert self.db is not None
-        turn = self.db.get_turn(lease.turn)
-        notes = self.restarts.notes_for(lease.turn)
-        fields = {"session": lease.session, "turn": lease.turn, "worker_pid": lease.proc.pid,
-                  "returncode": lease.proc.returncode, "seconds": round(time.monotonic() - lease.started, 3)}
-        if turn is None or turn["state"] in ("done", "failed"):
-            self.restarts.turn_ended(lease.session, lease.turn)
-            self.totals["turns_ended"] += 1
-            self.cancels.forget(lease.turn)
-            info("turn ended", state=turn["state"] if turn else "unknown", **fields)
-            return
-        if lease.turn in self.cancels:  # ended like an interrupt: closed well-formed, failed "cancelled"
-            notes.give_up = CANCELLED
-            info("worker stopped for a cancel request", **fields)
-            self._give_up(lease.turn, lease.session, notes)
-            return
-        why = self.restarts.describe_end(lease)
-        if lease.killed_for == "drain":
-            info("worker stopped by the drain; the turn stays running and resumes on next start", **fields)
-            return
-        rows = self.db.count_turn_rows(lease.session, lease.turn)
-        progressed = rows > lease.rows_at_start or turn["state"] != lease.state_at_start
-        delay = self.restarts.after_death(lease, notes, progressed, why)
-        if delay is None:  # a crash loop: notes.give_up says why
-            self.metrics.crash_loops += 1
-            self._give_up(lease.turn, lease.session, notes)
-            return
-        notes.give_up = self._over_limit(turn, why)
-        if notes.give_up is not None:
-            self._give_up(lease.turn, lease.session, notes)
-            return
-        self.metrics.worker_restarts += 1
-        warn("worker ended before its turn did; restarting after backoff", why=why, progressed=progressed,
-             reached_turn=lease.reached, rows=rows, crashes=notes.crashes, without_progress=notes.no_progress,
-             backoff=round(delay, 3), **fields)
-
-    def _give_up(self, turn_id: str, session: str, notes: TurnNotes) -> None:
-        """End the turn 'failed' for `notes.give_up`, its dangling tool calls answered, so the
-        transcript stays well-formed and the session's later turns can run."""
-        assert self.db is not None and notes.give_up is not None
-        reason = notes.give_up
-        try:
-            ended = end_turn(self.db, turn_id, reason, owner=f"daemon:{os.getpid()}")
-        except Exception as exc:  # e.g. storage busy: keep the decision, try again after a backoff
-            log.error("could not record the failure of turn %s: %s", turn_id, exc,
-                      extra={"fields": {"session": session}})
-            self.restarts.retry_later(session, notes.crashes)
-            return
-        notes.give_up = None
-        self.restarts.turn_ended(session, turn_id)
-        self.cancels.forget(turn_id)
-        self._dirty = True
-        if ended and reason == CANCELLED:
-            self.metrics.cancelled += 1
-            self.totals["turns_ended"] += 1
-            info("turn cancelled", session=session, turn=turn_id)
-        elif ended:
-            self.totals["turns_given_up"] += 1
-            self.totals["turns_ended"] += 1
-            log.error("turn failed: %s", reason, extra={"fields": {"session": session, "turn": turn_id}})
-
-    def _check_timeouts(self) -> None:
-        now = time.monotonic()
-        for lease in list(self.leases.values()):
-            if lease.killed_for is None and now - lease.started > self.config.turn_timeout:
-                lease.killed_for = "timeout"
-                lease.proc.kill("turn-timeout")
 
     # --------------------------------------------------------------- status
     def _publish(self) -> None:
@@ -511,14 +299,14 @@ class Daemon:
         """One pass of the loop; True when the daemon is done."""
         self._tick()
         self._handle_flags()
-        self._collect_exits()
+        self.leasing.collect_exits()
         self.calls.run_pending()
         if self.drain is not None:
             if self.drain.step(list(self.leases.values())):
                 return True
         else:
-            self._check_timeouts()
-            self._lease()
+            self.leasing.check_timeouts()
+            self.leasing.lease()
         self._publish()
         return False
 
@@ -556,7 +344,7 @@ class Daemon:
         self.calls.run_pending(refuse="the daemon is stopping")
         if self.launcher is not None:
             self.launcher.close()
-        self._collect_exits()
+        self.leasing.collect_exits()
         try:
             self._reap_orphans(kill=True)  # a tool's child still running: nothing may outlive the daemon
         except Exception as exc:
