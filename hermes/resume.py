@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hermes import probes
-from hermes.outcomes import CRASHED, dangling_result
+from hermes.outcomes import UNKNOWN_OUTCOME
 from hermes.tools import IDEMPOTENT
 from hermes.transcript import is_final_answer, make_tool_result_message, trailing_tool_block
 from hermes.turn import Turn
@@ -96,7 +96,8 @@ def _reconcile_tool_block(agent: "AIAgent", messages: list[dict[str, Any]],
             agent._execute_tool_calls_sequential(SimpleNamespace(content=None, tool_calls=[call]),
                                                  messages, task_id)
         else:
-            answer = dangling_result(True, CRASHED)
+            # Read here, at the time of the answer (hermes.outcomes: a dispatched call whose process died).
+            answer = UNKNOWN_OUTCOME
             result = make_tool_result_message(call["function"]["name"], answer, call["id"])
             result["_turn_id"] = turn.id
             messages.append(result)
