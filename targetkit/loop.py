@@ -54,7 +54,7 @@ class TurnContext:
     db: Path                         # where the target keeps its store (`--db`)
     base_url: str                    # the model endpoint (OpenAI-compatible)
     model: str
-    api_key: str
+    api_key: str = field(repr=False)  # never in a repr, a log line or an artefact
     timeout: float
     system_prompt: str | None
     toolsets: list[str]              # what `--tools` chose; `tools` are their definitions
