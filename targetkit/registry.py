@@ -7,13 +7,13 @@ four for a checkout run without being installed (a drift test keeps the two alik
 """
 from __future__ import annotations
 
-import importlib
 import sqlite3
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib.metadata import entry_points
 
 from targetkit.schema import SchemaReader
-from targetkit.target import Target
+from targetkit.target import Target, load
 
 GROUP = "hermes_supervisor.targets"
 DEFAULT = "hermes"
@@ -29,10 +29,15 @@ class UnknownTarget(LookupError):
     """A name no installed target has, or a target whose entry point does not load (one line)."""
 
 
+def plugins(group: str, builtin: Mapping[str, str]) -> dict[str, str]:
+    """name -> "module:attribute" of every entry point of `group`, over `builtin` (ours, for a
+    checkout run without being installed)."""
+    return {**builtin, **{ep.name: ep.value for ep in entry_points(group=group)}}
+
+
 def _load(name: str, value: str) -> Target:
-    module, _, attr = value.partition(":")
     try:
-        target = getattr(importlib.import_module(module), attr or "TARGET")
+        target = load(value if ":" in value else f"{value}:TARGET")
     except (ImportError, AttributeError) as exc:
         raise UnknownTarget(f"target {name!r} ({value}) does not load: {exc}") from exc
     if not isinstance(target, Target):
@@ -45,7 +50,7 @@ def _load(name: str, value: str) -> Target:
 @lru_cache(maxsize=1)
 def declared() -> dict[str, str]:
     """name -> "module:attribute" of every target: the entry points, and ours where they are not installed."""
-    return {**BUILTIN, **{ep.name: ep.value for ep in entry_points(group=GROUP)}}
+    return plugins(GROUP, BUILTIN)
 
 
 def names() -> tuple[str, ...]:

@@ -17,6 +17,7 @@ import re
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from targetkit.schema import SchemaReader
 
@@ -136,12 +137,17 @@ class Target:
         """Its schema reader: `schema` itself, or what it names, "module" or "module:attribute" (imported here)."""
         if not isinstance(self.schema, str):
             return self.schema
-        module, _, attr = self.schema.partition(":")
-        loaded = importlib.import_module(module)
-        return getattr(loaded, attr) if attr else loaded  # type: ignore[no-any-return]
+        return load(self.schema)  # type: ignore[no-any-return]
 
     def turn_state(self, conn: sqlite3.Connection, session: str, turn_id: str) -> str | None:
         return self.reader().turn_state(conn, session, turn_id)
+
+
+def load(value: str) -> Any:
+    """What "module:attribute" names (the module itself for "module"), its module imported."""
+    module, _, attr = value.partition(":")
+    loaded = importlib.import_module(module)
+    return getattr(loaded, attr) if attr else loaded
 
 
 def option_pairs(values: list[str] | tuple[str, ...]) -> dict[str, str]:

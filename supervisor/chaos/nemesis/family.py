@@ -12,11 +12,12 @@ installed. Their order is the order of the hooks: the storage rounds run before 
 """
 from __future__ import annotations
 
-import importlib
 from functools import lru_cache
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from targetkit.registry import plugins
+from targetkit.target import load
 
 if TYPE_CHECKING:
     from supervisor.chaos.runner import CaseRunner
@@ -102,8 +103,7 @@ class Nemesis:
 
 
 def _load(name: str, value: str) -> type[Nemesis]:
-    module, _, attr = value.partition(":")
-    family = getattr(importlib.import_module(module), attr)
+    family = load(value)
     if not (isinstance(family, type) and issubclass(family, Nemesis) and family.FAULTS):
         raise TypeError(f"fault family {name!r} ({value}) is not a Nemesis class naming its FAULTS")
     return family
@@ -112,8 +112,7 @@ def _load(name: str, value: str) -> type[Nemesis]:
 @lru_cache(maxsize=1)
 def families() -> tuple[type[Nemesis], ...]:
     """Every family, ours first; each fault name belongs to one."""
-    declared = {**BUILTIN, **{ep.name: ep.value for ep in entry_points(group=GROUP)}}
-    found = tuple(_load(name, value) for name, value in declared.items())
+    found = tuple(_load(name, value) for name, value in plugins(GROUP, BUILTIN).items())
     owners: dict[str, str] = {}
     for family in found:
         for fault in family.FAULTS:
