@@ -20,6 +20,7 @@ from hermes import probes
 from hermes.transcript import fill_or_append_answer, is_blank
 
 if TYPE_CHECKING:
+    from hermes.content import UserContent
     from hermes.runner import AIAgent
 
 
@@ -34,7 +35,7 @@ def _answer_text(messages: list[dict[str, Any]], final_response: str | None) -> 
 def finalize_turn(agent: "AIAgent", *, final_response: str | None, api_call_count: int, interrupted: bool,
                   failed: bool, messages: list[dict[str, Any]],
                   conversation_history: list[dict[str, Any]] | None, effective_task_id: str,
-                  turn_id: str | None, user_message: str, original_user_message: str,
+                  turn_id: str | None, user_message: "UserContent", original_user_message: "UserContent",
                   _should_review_memory: bool, _turn_exit_reason: str) -> dict[str, Any]:
     """Commit the answer, record the turn complete, and build the turn's result.
 

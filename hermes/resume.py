@@ -31,6 +31,7 @@ from hermes.transcript import is_final_answer, make_tool_result_message, trailin
 from hermes.turn import Turn
 
 if TYPE_CHECKING:
+    from hermes.content import UserContent
     from hermes.runner import AIAgent
     from hermes.state import SessionDB
 
@@ -52,7 +53,7 @@ def resume_interrupted_turn(agent: "AIAgent", *, system_message: str | None = No
     except sqlite3.Error as exc:
         return Turn(agent, turn_id).read_failed_result(exc)
     turn = agent.start_turn(turn_id, resumed=True)
-    user_message = record["user_text"] or ""
+    user_message = _user_message(messages, turn_id, record["user_text"])
     effective_task_id = task_id or f"resume-{turn.id}"
 
     last = messages[-1] if messages else None
@@ -68,6 +69,17 @@ def resume_interrupted_turn(agent: "AIAgent", *, system_message: str | None = No
     probes.fire("resume.reconciled", **turn.probe_ids(action="continue"))
     return agent.continue_turn(messages, system_message=system_message, task_id=effective_task_id,
                                user_message=user_message)
+
+
+def _user_message(messages: list[dict[str, Any]], turn_id: str, recorded: str | None) -> "UserContent":
+    """The turn's question as its durable user row holds it: a list (multimodal) content reads back
+    as the list, where the turn row's `user_text` holds a list as its JSON text, which cannot be told
+    from a text question that looks like JSON. The row is in the live transcript (compaction keeps
+    the running turn's rows, as clones with its turn id); the recorded text is only the fallback."""
+    for message in messages:
+        if message.get("role") == "user" and message.get("_turn_id") == turn_id:
+            return message.get("content") if message.get("content") is not None else ""
+    return recorded or ""
 
 
 def _dispatch_intents(db: "SessionDB", session_id: str, turn_id: str,

@@ -8,6 +8,11 @@ The turn loop, in the order the contract fixes it:
    tool or UI callback");
 3. the final answer is committed before the turn reports completion.
 
+With ``compact_above`` set, the loop may compact the session between a tool block whose results
+are all durable and the next model call (``hermes.compaction.compact_in_turn``): older turns
+become one summary row, the turn's own rows are kept as clones, and the loop goes on with the
+reloaded live transcript.
+
 Any failed write ends the turn closed: nothing more is shown, run or requested,
 and the result names the cause (``hermes.persistence_failure``).
 
@@ -40,7 +45,8 @@ from typing import Any, Callable
 
 from openai import OpenAI
 
-from hermes import executor, finalizer, probes
+from hermes import compaction, executor, finalizer, probes
+from hermes.content import UserContent
 from hermes.ids import validate_session_id
 from hermes.private_files import make_private_dirs, open_private
 from hermes.state import SessionDB
@@ -51,7 +57,7 @@ from hermes.transcript import (
     normalize_tool_calls,
     public_copy,
     sanitize_api_messages,
-    scrub_text,
+    scrub_content,
 )
 from hermes.turn import PERSISTENCE_FAILED, Turn
 
@@ -122,6 +128,7 @@ class AIAgent:
         stream_delta_callback: Callable[[str], Any] | None = None,
         stream_end_callback: Callable[[str, str | None], Any] | None = None,
         http_client: Any = None,
+        compact_above: int = 0,
     ) -> None:
         # This runtime prints nothing, reads no context files and keeps no long-term memory; the
         # flags are accepted so callers written for fuller agents (the seed contract) construct it.
@@ -152,6 +159,11 @@ class AIAgent:
         self.tool_complete_callback = tool_complete_callback
         self.stream_delta_callback = stream_delta_callback
         self.stream_end_callback = stream_end_callback
+        # Compaction inside a turn (hermes.compaction.compact_in_turn): once a tool block's results
+        # are all durable and before the next model call, a session holding more than this many
+        # active rows has its older turns summarized, the current turn kept verbatim. 0: never. A
+        # long tool loop would otherwise grow the request without bound until the next turn.
+        self.compact_above = compact_above
 
         self._session_db = session_db
         self._session_db_created = False
@@ -214,14 +226,14 @@ class AIAgent:
         """Record durably that the current turn completed (its answer is already committed)."""
         return self.turn.finish("done")
 
-    def _save_trajectory(self, messages: list[dict[str, Any]], user_message: str, completed: bool) -> None:
+    def _save_trajectory(self, messages: list[dict[str, Any]], user_message: UserContent, completed: bool) -> None:
         """Append the turn to trajectories.jsonl under the home directory, when asked to."""
         if not self.save_trajectories:
             return
         make_private_dirs(self.hermes_home)
         with open_private(self.hermes_home / "trajectories.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"session": self.session_id, "turn": self.turn.id,
-                                 "user": scrub_text(user_message), "completed": completed,
+                                 "user": scrub_content(user_message), "completed": completed,
                                  "messages": [public_copy(m) for m in messages]}, ensure_ascii=False) + "\n")
 
     def _cleanup_task_resources(self, task_id: str) -> None:
@@ -330,10 +342,14 @@ class AIAgent:
                           finish_reason=finish_reason, streamed=True)
 
     # ------------------------------------------------------------------ turns
-    def run_conversation(self, user_message: str, system_message: str | None = None,
+    def run_conversation(self, user_message: UserContent, system_message: str | None = None,
                          conversation_history: list[dict[str, Any]] | None = None,
                          task_id: str | None = None, *, turn_id: str | None = None) -> dict[str, Any]:
-        """Run one user turn to its final answer, a recorded failure, or a closed persistence failure."""
+        """Run one user turn to its final answer, a recorded failure, or a closed persistence failure.
+
+        `user_message` is text, or a list of OpenAI content parts (``hermes.content``): a list is
+        stored as JSON and read back as a list, and the model is sent it as given.
+        """
         turn = self.start_turn(turn_id)
         effective_task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
         # History came from the database (or the caller vouches for it): it is durable already.
@@ -346,12 +362,17 @@ class AIAgent:
                                   user_message=user_message, conversation_history=conversation_history)
 
     def continue_turn(self, messages: list[dict[str, Any]], *, system_message: str | None, task_id: str,
-                      user_message: str, conversation_history: list[dict[str, Any]] | None = None,
+                      user_message: UserContent, conversation_history: list[dict[str, Any]] | None = None,
                       api_call_count: int = 0) -> dict[str, Any]:
         """Drive the current turn from `messages` (whose tail is durable) to its end."""
         turn = self.turn
         empty_replies = 0
         while api_call_count < self.max_iterations:
+            # Between a finished tool block and the next model call (a resumed turn's first model
+            # call included), the session may be compacted. It replaces `messages` in place with
+            # the reloaded live transcript; a failed write or read there ends the turn closed.
+            if self.compact_above > 0 and not compaction.compact_in_turn(self, messages, self.compact_above):
+                return turn.persistence_failed_result(messages, api_call_count)
             api_call_count += 1
             counted = turn.count_model_call()
             if counted == "failed":

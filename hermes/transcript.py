@@ -123,6 +123,13 @@ def _scrubbed(value: Any) -> Any:
     return value
 
 
+def scrub_content(content: Any) -> Any:
+    """A message's content as the transcript keeps it: a str through `scrub_text`, a list of parts
+    (multimodal) copied with `scrub_text` applied to every string inside it (the parts' text, an
+    image's url), so list content obeys the same rule as plain text."""
+    return _scrubbed(content)
+
+
 def public_copy(message: dict[str, Any]) -> dict[str, Any]:
     """The message without private markers, its text scrubbed to storable UTF-8 (a new dict)."""
     return {k: _scrubbed(v) for k, v in message.items() if not k.startswith("_")}

@@ -108,6 +108,9 @@ def _add_chaos(commands: argparse._SubParsersAction) -> None:
     chaos.add_argument("--campaign-id", default=None, metavar="ID",
                        help="name the campaign in its report (shards of one campaign share it; merge checks it); "
                             "default: made of the mode, the seed and the options")
+    chaos.add_argument("--shrink", action="store_true",
+                       help="generated mode: shrink the first failing case of each invariant (needs --report)")
+    _add_shrink_options(chaos)
     chaos.add_argument("--verbose", action="store_true",
                        help="a line per finished case (default: one live line on a terminal, else a summary line "
                             "every --progress-every seconds)")
@@ -122,11 +125,27 @@ def _add_merge(commands: argparse._SubParsersAction) -> None:
                        help="the --report DIR of each shard (chaos --shard I/N), every one of 1..N once")
 
 
+def _add_shrink(commands: argparse._SubParsersAction) -> None:
+    shrink = commands.add_parser("shrink", help="shrink a failing generated case to a minimal conversation and kills")
+    shrink.add_argument("report", type=Path, metavar="REPORT_DIR", help="the --report DIR of a generated campaign")
+    shrink.add_argument("case", metavar="CASE", help="the case id, as the report names it")
+    shrink.add_argument("--invariant", default=None, help="the invariant to keep failing (default: the case's first)")
+    _add_shrink_options(shrink)
+
+
+def _add_shrink_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--regression-out", type=Path, default=None, metavar="DIR",
+                        help="write each minimal case as a pytest file DIR/test_<invariant>_<hash>.py")
+    parser.add_argument("--shrink-budget", type=positive_int, default=None, metavar="CASES",
+                        help="the cases a shrink may run (default 300)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hermes-supervisor", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_chaos(commands)
     _add_merge(commands)
+    _add_shrink(commands)
     check = commands.add_parser("check", help="check the structural invariants of a database")
     check.add_argument("--db", type=Path, required=True)
     check.add_argument("--session", default=None)
@@ -236,7 +255,13 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
     from supervisor.chaos.config import CampaignConfig
 
     kill_modes = ("self", "external") if args.kill_mode == "both" else (args.kill_mode,)
-    config = CampaignConfig(scenarios=args.scenario or sorted(SCENARIOS), mode=args.mode, seed=args.seed,
+    if args.shrink and (args.mode != "generated" or args.report is None):
+        raise UsageError("--shrink shrinks the failing cases of a generated campaign: give --mode generated "
+                         "and --report DIR")
+    if args.mode == "generated" and args.scenario:
+        raise UsageError("--scenario names a script; --mode generated draws its conversations instead")
+    scripts = [] if args.mode == "generated" else args.scenario or sorted(SCENARIOS)
+    config = CampaignConfig(scenarios=scripts, mode=args.mode, seed=args.seed,
                             runs=args.runs, jobs=args.jobs, shard=args.shard, kill_modes=kill_modes,
                             workdir=args.workdir, keep=args.workdir is not None, limit=args.limit,
                             case_ids=tuple(args.case or ()), probes=tuple(args.probe or ()),
@@ -257,6 +282,8 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
         write_reports(args.report, summary, results)
         print(f"report: {args.report / 'report.json'}")
         print(f"report: {args.report / 'report.html'}")
+        if args.shrink and summary["violations"] and not summary.get("interrupted"):
+            _shrink_failures(args, summary)
     if summary.get("interrupted"):
         raise Interrupted(summary["interrupted"])
     return (EXIT_OK if summary["ok"] else EXIT_VIOLATIONS), summary
@@ -339,6 +366,11 @@ def _run_campaign(config: CampaignConfig, args: argparse.Namespace) -> tuple[dic
     summary.update(wall_seconds=round(wall, 2), cycles_per_second=round(len(results) / wall, 2) if wall else None,
                    unreached=missed, **fields)
     summary["ok"] = summary["ok"] and not missed and fields["complete"]
+    if config.mode == "generated" and campaign.plan is not None:
+        from supervisor.chaos.coverage import coverage
+
+        target = registry.get(config.target)
+        summary["coverage"] = coverage(results, campaign.plan.conversations, target.unsupported, target.unreachable)
     return summary, results
 
 
@@ -365,6 +397,43 @@ def run_merge(args: argparse.Namespace) -> int:
     if summary["complete"] is False and not summary["violations"] and not summary["unknown"]:
         return EXIT_INTERRUPTED
     return EXIT_VIOLATIONS
+
+
+def run_shrink(args: argparse.Namespace) -> int:
+    """Shrink one case of a report: 0 when a minimal case was found (and recorded), 2 when it cannot be."""
+    from supervisor.chaos.shrink import ShrinkError, shrink_into_report, shrunk_lines
+
+    try:
+        done = shrink_into_report(args.report, [(args.case, args.invariant)], **_shrink_kwargs(args))
+    except (ShrinkError, KeyError) as exc:
+        raise UsageError(str(exc).strip('"')) from None
+    for shrunk in done:
+        print("\n".join(shrunk_lines(shrunk)))
+    print(f"report: {args.report / 'report.json'}")
+    return EXIT_OK
+
+
+def _shrink_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    from supervisor.chaos.shrink import DEFAULT_BUDGET
+
+    return {"regression_out": args.regression_out, "budget": args.shrink_budget or DEFAULT_BUDGET,
+            "progress": lambda line: print(line, flush=True)}
+
+
+def _shrink_failures(args: argparse.Namespace, summary: dict[str, Any]) -> None:
+    """`chaos --shrink`: the first failing case of each invariant, shrunk into the report."""
+    from supervisor.chaos.shrink import ShrinkError, failing_cases, load_report, shrink_into_report, shrunk_lines
+
+    wanted = [(case, invariant) for invariant, (case, _index) in failing_cases(load_report(args.report)).items()]
+    if not wanted:
+        return
+    try:
+        done = shrink_into_report(args.report, wanted, **_shrink_kwargs(args))
+    except ShrinkError as exc:
+        print(f"shrink: {exc}", flush=True)
+        return
+    for shrunk in done:
+        print("\n".join(shrunk_lines(shrunk)))
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -395,6 +464,8 @@ def _run(args: argparse.Namespace) -> int:
         return run_check(args)
     if args.command == "merge":
         return run_merge(args)
+    if args.command == "shrink":
+        return run_shrink(args)
     return daemon_cli.run(args)
 
 

@@ -50,7 +50,9 @@ class TurnContext:
     command: str                     # "run" or "resume"
     session: str
     turn_id: str | None              # run: the id the campaign gives the new turn; resume: set by the loop
-    message: str | None              # run: the user's message; resume: None
+    # run: the user's message; resume: None. A list of content parts (hermes.content) only reaches an
+    # adapter that defines content_parts_refusal (worker.targets.check_message); any other gets text.
+    message: str | list[dict[str, Any]] | None
     db: Path                         # where the target keeps its store (`--db`)
     base_url: str                    # the model endpoint (OpenAI-compatible)
     model: str

@@ -98,6 +98,9 @@ class Target:
     options: Mapping[str, TargetOption] = field(default_factory=dict)
     promises_with: Callable[[Mapping[str, str]], Promises] | None = None
     unreachable: Mapping[str, str] = field(default_factory=dict)  # kill point -> why it never fires here
+    # Conversation features (supervisor.chaos.conversation.FEATURES) it cannot take -> why: generated
+    # mode never draws them for it, and its coverage table says so.
+    unsupported: Mapping[str, str] = field(default_factory=dict)
     forkserver: bool = False         # its workers may start as forks of the warm template (worker.forkserver)
     # What that template imports before its first fork, besides our runtime: `MODULE` or
     # `MODULE:FUNCTION` (imported, then FUNCTION called), passed as `--preload` (worker.forkserver).

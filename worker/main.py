@@ -1,8 +1,9 @@
 """`python -m worker`: run one turn of a session, or finish its interrupted turn.
 
     run    --db PATH --session ID [--base-url URL] [--model NAME] (--message-file PATH | --message-stdin |
-           --message TEXT) [--tools NAMES] [--target NAME]
+           --message TEXT) [--message-format text|json] [--tools NAMES] [--target NAME] [--compact-above ROWS]
     resume --db PATH --session ID [--base-url URL] [--model NAME] [--tools NAMES] [--target NAME]
+           [--compact-above ROWS]
 
 The target (default ``hermes``, ours) is the agent that runs the turn; each has an adapter
 in ``worker.targets``. ``--tools`` names toolsets or importable modules of ``@tool`` functions
@@ -13,6 +14,10 @@ What a command line holds is readable by every user of the machine (/proc/PID/cm
 message text and the API key have ways in that keep them out of it: ``--message-file PATH``
 (read, never changed or removed) or ``--message-stdin``, and ``--api-key-file PATH`` (0600) or
 ``$OPENAI_API_KEY``. ``--message`` and ``--api-key`` remain for commands typed by hand.
+
+``--message-format json`` reads the message (from any of the three) as a JSON value: a string, or
+a non-empty list of OpenAI chat content parts (``hermes.content``), checked before anything is
+opened; a target that cannot pass a list through to its model refuses it before anything is written.
 
 Prints one JSON line with the outcome on stdout; logs JSON lines on stderr.
 Exit status: 0 the turn completed (or there was nothing to resume), 1 the turn
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from hermes import probes
+from hermes.content import parse_user_content
 from hermes.ids import session_id_argument
 from hermes.json_logs import JsonLines
 from hermes.text_files import UnreadableText, read_utf8
@@ -95,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
                               "(targetkit.registry)")
         sub.add_argument("--target-option", action="append", default=[], metavar="KEY=VALUE",
                          help="an option of the target, checked by it (e.g. durability=async for langgraph)")
+        sub.add_argument("--compact-above", type=int, default=0, metavar="ROWS",
+                         help=("before the turn, and inside it between a tool block's results and the next model "
+                               "call, summarize older turns when the session has more active rows (0: never)")
+                         if name == "run" else
+                         ("inside the resumed turn, between a tool block's results and the next model call, "
+                          "summarize older turns when the session has more active rows (0: never)"))
         if name == "run":
             message = sub.add_mutually_exclusive_group(required=True)
             message.add_argument("--message-file", type=Path, default=None, metavar="PATH",
@@ -105,9 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
             message.add_argument("--message", default=None, metavar="TEXT",
                                  help="the user message on the command line (visible to every user in the process "
                                       "list: for commands typed by hand)")
+            sub.add_argument("--message-format", default="text", choices=("text", "json"),
+                             help="text (default): the message is the text as written; json: it is a JSON value, "
+                                  "a string or a non-empty list of content parts ({\"type\": \"text\", \"text\": "
+                                  "...} or {\"type\": \"image_url\", \"image_url\": {\"url\": ...}})")
             sub.add_argument("--turn-id", default=None, help="run this queued turn (default: a new turn)")
-            sub.add_argument("--compact-above", type=int, default=0, metavar="ROWS",
-                             help="before the turn, summarize older turns when the session has more rows")
     return parser
 
 
@@ -154,8 +168,10 @@ def _read_inputs(args: argparse.Namespace) -> None:
     if args.command != "run":
         return
     if args.message_file is not None:
+        source = f"--message-file {args.message_file}"
         args.message = _read_text(args.message_file, "--message-file")
     elif args.message_stdin:
+        source = "--message-stdin"
         try:
             data = sys.stdin.buffer.read()
         except (OSError, AttributeError, ValueError) as exc:
@@ -164,6 +180,13 @@ def _read_inputs(args: argparse.Namespace) -> None:
             args.message = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise UsageError(f"--message-stdin: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    else:
+        source = "--message"
+    if args.message_format == "json":
+        try:
+            args.message = parse_user_content(args.message)
+        except ValueError as exc:
+            raise UsageError(f"--message-format json: {source}: {exc}") from None
 
 
 def _validate(args: argparse.Namespace) -> KillPlan | None:
@@ -254,7 +277,9 @@ def execute(args: argparse.Namespace, plan: KillPlan | None, die_with_parent: bo
         link.report({"type": "hello", "pid": os.getpid(), "incarnation": args.incarnation,
                      "session": args.session, "command": args.command, "started": time.time()})
     probes.install(ProbeWiring(link, plan))
-    adapter = targets.adapter(getattr(args, "target", "hermes"))
+    name = getattr(args, "target", "hermes")
+    adapter = targets.adapter(name)
+    targets.check_message(name, adapter, getattr(args, "message", None))  # before the adapter writes anything
     return targets.execute(adapter, args, link, lambda out: _report(args, link, out))
 
 

@@ -116,6 +116,12 @@ class Messages(Storage):
         """Active rows as OpenAI-shaped dicts, exactly as stored."""
         return [self.row_to_message(r) for r in self.get_messages(session_id)]
 
+    def count_active_messages(self, session_id: str) -> int:
+        """How many active rows the session's transcript has (what compaction is sized by), without
+        reading them: a turn asks after every tool block when compaction inside turns is on."""
+        rows = self._read("SELECT count(*) AS n FROM messages WHERE session_id = ? AND active = 1", (session_id,))
+        return int(rows[0]["n"])
+
     def load_live_messages(self, session_id: str) -> list[dict[str, Any]]:
         """Active rows as message dicts already stamped durable (for resuming a session).
 

@@ -17,23 +17,27 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
 from supervisor.chaos.checker import NO_KILL, UNFIRED, UNKNOWN, Verdict
 from supervisor.chaos.checker.verdict import VIOLATION_CLASSES, rank
 from supervisor.chaos.config import CampaignConfig
+from supervisor.chaos.conversation import Conversation, is_generated, lookup, observed, register
 from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
 from supervisor.chaos.history import HistoryWriter, canonical_json, write_json
 from supervisor.chaos.nemesis.accounting import add_rows, campaign_rows, unlanded
 from supervisor.chaos.nemesis.family import chosen
-from supervisor.chaos.plan import Plan
+from supervisor.chaos.plan import Plan, in_part
 from supervisor.chaos.runner import CaseResult, CaseRunner
-from supervisor.chaos.scenarios import MODEL, SCENARIOS, campaign_script
+from supervisor.chaos.scenarios import MODEL, SCENARIOS, CampaignScript, campaign_script
 from supervisor.procs.pool import Pool, PoolStopped, WorkerProcess
 from targetkit import registry
 from testkit.modelserver import ScriptedModelServer
+
+if TYPE_CHECKING:
+    from supervisor.chaos.explore import Drawn
 
 # How many times a timer that went off after its worker had exited is aimed again (see run_case).
 TIMER_REAIMS = 2
@@ -77,6 +81,7 @@ class Campaign:
         self._stop = threading.Event()
         self._root: Path | None = None
         self._server: ScriptedModelServer | None = None
+        self._script: CampaignScript | None = None
         self._served: dict[str, int] = {}  # faults the model served, kept when it stops
         self._shared: dict[Any, Any] = {}
         self._shared_lock = threading.Lock()
@@ -108,7 +113,7 @@ class Campaign:
         config = self.config
         self._root = Path(config.workdir or tempfile.mkdtemp(prefix="hermes-chaos-"))
         make_private_dirs(self._root)
-        script = campaign_script([SCENARIOS[name] for name in config.scenarios])
+        self._script = script = campaign_script([SCENARIOS[name] for name in config.scenarios])
         for family, faults in chosen(config.faults):
             script = family.model_script(script, faults)
         self._server = ScriptedModelServer(script, model=MODEL, request_log=MODEL_REQUEST_LOG).start()
@@ -241,10 +246,28 @@ class Campaign:
         if self.on_plan is not None:
             self.on_plan(plan)
 
+    def add_conversation(self, conversation: Conversation) -> str:
+        """Make `conversation` runnable in this campaign (its model answers it); returns its name."""
+        assert self._script is not None, "the campaign is not open"
+        name = register(conversation)
+        self._script.add(conversation.scenario())
+        return name
+
     def _run_given(self) -> list[CaseResult]:
         """`--case ID ...`: exactly those cases, after the fault-free runs their aimed timers need."""
         config = self.config
         cases = [Case.parse(c) for c in config.case_ids]
+        wanted = {c.scenario for c in cases if is_generated(c.scenario)}
+        if wanted:  # drawn conversations, named by their content: draw the campaign's to find them
+            for index in range(config.runs):
+                conversation = self.draw(index).conversation
+                if conversation.name in wanted:
+                    self.add_conversation(conversation)
+                    wanted.discard(conversation.name)
+            if wanted:
+                raise KeyError(f"{', '.join(sorted(wanted))}: not among the {config.runs} conversations drawn with "
+                               f"--seed {config.seed} for --target {config.target} (give the campaign's --seed and "
+                               "--runs; a report's case reruns with `hermes-supervisor shrink REPORT_DIR CASE`)")
         needed = sorted({c.scenario for c in cases if c.fault is not None and c.fault.unaimed})
         plan = Plan.start(config, self.campaign_id, [Case(s).case_id for s in needed])
         self._announce(plan)
@@ -255,8 +278,44 @@ class Campaign:
         self._announce(plan)
         return done + self._run_cases(cases)
 
+    def draw(self, index: int) -> Drawn:
+        """Generated mode's case `index` (supervisor.chaos.explore), avoiding what the target cannot take."""
+        from supervisor.chaos import explore  # Hypothesis is loaded by the modes that draw with it
+
+        return explore.draw(self.config.seed, index, registry.get(self.config.target).unsupported,
+                            self.config.kill_modes)
+
+    def _run_generated(self) -> list[CaseResult]:
+        """Generated mode: this shard's draws, each conversation's fault-free run (the baseline its
+        kill schedule is resolved against, and a case of the report like any other), then each
+        draw's conversation under its schedule."""
+        config = self.config
+        mine = [i for i in range(config.runs) if in_part(config.mode, i, Case(""), tuple(config.shard))]
+        if config.limit is not None:
+            mine = mine[: config.limit]
+        draws = {i: self.draw(i) for i in mine}
+        names = list(dict.fromkeys(self.add_conversation(d.conversation) for d in draws.values()))
+        plan = Plan.start(config, self.campaign_id, [Case(name).case_id for name in names])
+        plan.conversations = {name: {"conversation": lookup(name).to_json()} for name in names}
+        self._announce(plan)
+        done = self.run_baselines(names)
+        if self._stop.is_set() or len(self.baselines) < len(names):
+            return done  # every schedule is resolved against its conversation's fault-free run
+        for name in names:
+            plan.conversations[name]["features"] = sorted(observed(lookup(name), self.baselines[name].trace))
+        planned = [(i, Case(d.conversation.name, d.schedule(self.baselines[d.conversation.name].trace)))
+                   for i, d in draws.items()]
+        cases = plan.drawn(config, config.runs, [(i, c) for i, c in planned if self._selected(c)])
+        for result in done:
+            result.trace = []
+        self.progress(f"{len(cases)} cases + {len(done)} baselines (generated) over {len(names)} conversation(s)")
+        self._announce(plan)
+        return done + self._run_cases(cases)
+
     def _run_planned(self) -> list[CaseResult]:
         config = self.config
+        if config.mode == "generated":
+            return self._run_generated()
         plan = Plan.start(config, self.campaign_id, [Case(s).case_id for s in config.scenarios])
         self._announce(plan)
         done = self.run_baselines(list(config.scenarios))

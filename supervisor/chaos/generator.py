@@ -9,6 +9,9 @@ A case is one scenario run in a fresh directory with at most one kill plan (a ne
                 from (seed, i) and the traces alone (`RandomPlan.case`), so a shard derives
                 its own cases without the others'
     pause       SIGSTOP at each distinct probe, a new worker takes over, SIGCONT
+    generated   case i is a conversation and a kill schedule drawn from (seed, i) by Hypothesis
+                (supervisor.chaos.explore); the schedule is resolved against that conversation's
+                own fault-free run (see Campaign._run_generated)
 
 Every plan follows from the traces and the seed alone, so a campaign is reproducible,
 and every case has an id that parses back (`Case.parse`), so it can be rerun alone. A
@@ -24,14 +27,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from supervisor.chaos.conversation import known_name
 from supervisor.chaos.nemesis import TIMER_AIM, Fault
-from supervisor.chaos.scenarios import SCENARIOS
 
 if TYPE_CHECKING:
     from supervisor.chaos.config import CampaignConfig
     from supervisor.chaos.runner import CaseResult
 
-MODES = ("exhaustive", "double", "random", "pause")
+MODES = ("exhaustive", "double", "random", "pause", "generated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +54,7 @@ class Case:
     @classmethod
     def parse(cls, case_id: str) -> "Case":
         scenario, _, label = case_id.partition("/")
-        if scenario not in SCENARIOS:
+        if not known_name(scenario):
             raise ValueError(f"case {case_id!r}: unknown scenario {scenario!r}")
         return cls(scenario, None if label in ("", "fault-free") else Fault.parse(label))
 

@@ -231,6 +231,7 @@ def merge(out: Path, directories: list[Path]) -> dict[str, Any]:
         add_rows(campaign_faults, {name: row for name, row in (shard.report.get("faults") or {}).items()
                                    if name in MODEL_FAULTS})
     summary = summarize(results, campaign_faults)  # type: ignore[arg-type]
+    conversations = {name: record for s in shards for name, record in (s.campaign.get("conversations") or {}).items()}
     walls = [s.report.get("wall_seconds") for s in shards if s.report.get("wall_seconds") is not None]
     wall = max(walls) if walls else None
     missed = unreached(first["options"], summary["reached"])
@@ -249,7 +250,10 @@ def merge(out: Path, directories: list[Path]) -> dict[str, Any]:
                               "cases": len(s.results), "wall_seconds": s.report.get("wall_seconds"),
                               "interrupted": s.report.get("interrupted")} for s in shards],
                   "faults": sorted({f for s in shards for f in s.campaign.get("faults") or ()}),
-                  "baselines": list(dict.fromkeys(b for s in shards for b in s.campaign.get("baselines") or []))})
+                  "baselines": list(dict.fromkeys(b for s in shards for b in s.campaign.get("baselines") or [])),
+                  **({"conversations": conversations} if conversations else {})})
+    if conversations:
+        summary["coverage"] = _coverage(results, conversations, first["options"].get("target"))
     make_private_dirs(out)
     cases = make_private_dirs(out / "cases")
     for case_id, home in homes.items():
@@ -259,6 +263,19 @@ def merge(out: Path, directories: list[Path]) -> dict[str, Any]:
             write_private(cases / f"{stem}.json", source.read_text(encoding="utf-8"))
     write_reports(out, summary, results)  # type: ignore[arg-type]
     return summary
+
+
+def _coverage(results: list[Any], conversations: dict[str, Any], target_name: str | None) -> dict[str, Any]:
+    """A generated campaign's coverage over every shard's cases (supervisor.chaos.coverage)."""
+    from supervisor.chaos.coverage import coverage
+    from targetkit import registry
+
+    try:
+        target = registry.get(target_name or registry.DEFAULT)
+        unsupported, unreachable = dict(target.unsupported), tuple(target.unreachable)
+    except registry.UnknownTarget:  # merging the reports of a target not installed here
+        unsupported, unreachable = {}, ()
+    return coverage(results, conversations, unsupported, unreachable)
 
 
 def copy_logs(out: Path, directories: list[Path]) -> None:

@@ -4,7 +4,8 @@ reports belong together.
 The full plan is what an unsharded run with the same options runs after its fault-free runs:
 the mode's cases, kept by `--probe`, cut by `--limit`. `--shard I/N` then keeps a part of it:
 
-    random      case i (its index in the seeded plan) when i % N == I - 1
+    random, generated
+                case i (its index in the seeded plan) when i % N == I - 1
     exhaustive, pause
                 a case when crc32(case id) % N == I - 1
     double      a first kill as exhaustive does; its second kills go with it (they are derived
@@ -34,13 +35,14 @@ if TYPE_CHECKING:
     from supervisor.chaos.config import CampaignConfig
 
 PLAN_VERSION = 1  # bumped when the same options would derive other cases
+SEEDED = ("random", "generated")  # modes whose case i follows from (seed, i): sharded by index
 
 
 def options(config: CampaignConfig) -> dict[str, Any]:
     """The options that decide which cases a campaign plans, `--faults` aside (shards of one
     campaign may run under different faults: see the module docstring of supervisor.chaos.merge)."""
     return {"plan_version": PLAN_VERSION, "mode": config.mode, "seed": config.seed,
-            "runs": config.runs if config.mode == "random" else None,
+            "runs": config.runs if config.mode in SEEDED else None,
             "scenarios": sorted(config.scenarios), "kill_modes": list(config.kill_modes),
             "probes": sorted(config.probes), "limit": config.limit, "case_ids": list(config.case_ids),
             "target": config.target, "target_options": dict(getattr(config, "target_options", ()))}
@@ -69,7 +71,7 @@ def in_part(mode: str, index: int, case: Case, shard: tuple[int, int]) -> bool:
     part, count = shard
     if count == 1:
         return True
-    if mode == "random":
+    if mode in SEEDED:
         return index % count == part - 1
     return in_shard(case, shard)
 
@@ -87,6 +89,8 @@ class Plan:
     plan_hash: str | None = None               # None until the fault-free runs have planned the rest
     full: int | None = None                    # cases in the full plan
     planned: list[tuple[int | None, Case]] = field(default_factory=list)  # (index in the full plan, case)
+    # Generated mode: each conversation this shard runs, by name: what it is and what it exercised.
+    conversations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def start(cls, config: CampaignConfig, campaign_id: str | None, baselines: list[str]) -> "Plan":
@@ -98,6 +102,17 @@ class Plan:
         self.full = len(full)
         self.plan_hash = plan_hash(config, (c.case_id for c in full))
         self.planned = [(i, c) for i, c in enumerate(full) if in_part(config.mode, i, c, self.shard)]
+        return [c for _, c in self.planned]
+
+    def drawn(self, config: CampaignConfig, runs: int, mine: list[tuple[int, Case]]) -> list[Case]:
+        """Generated mode: the full plan is the `runs` draws of the seed, which follow from the options
+        and the drawing library's version alone (every shard hashes it alike without drawing the
+        others' cases); this shard's cases, each with its index among the draws, are `mine`."""
+        from hypothesis import __version__ as drawn_by
+
+        self.full = runs
+        self.plan_hash = _digest({"options": options(config), "faults": list(config.faults), "drawn_by": drawn_by})
+        self.planned = list(mine)
         return [c for _, c in self.planned]
 
     def given(self, config: CampaignConfig, cases: list[Case]) -> list[Case]:
@@ -119,7 +134,8 @@ class Plan:
                 "shard": list(self.shard), "options": self.options,
                 "options_hash": self.options_hash, "faults": list(self.faults), "plan_hash": self.plan_hash,
                 "full_plan": self.full, "baselines": list(self.baselines),
-                "planned": None if self.plan_hash is None else [[i, c.case_id] for i, c in self.planned]}
+                "planned": None if self.plan_hash is None else [[i, c.case_id] for i, c in self.planned],
+                **({"conversations": self.conversations} if self.conversations else {})}
 
 
 def unreached(opts: dict[str, Any], reached: Iterable[str]) -> list[str]:

@@ -59,8 +59,8 @@ def campaign_config(text: str) -> tuple[Any, str | None]:
 
     try:
         args = cli.build_parser().parse_args(["chaos", *shlex.split(text)])
-        if args.mode == "double":
-            raise cli.UsageError("--mode double derives its second kills from runs of its first: "
+        if args.mode in ("double", "generated"):
+            raise cli.UsageError(f"--mode {args.mode} plans its cases from runs of the campaign's own: "
                                  "run it with hermes-supervisor chaos")
         spread, runs = cli._option_runs(args)
         if spread is not None:

@@ -8,6 +8,7 @@ checker judges once the case is over.
 """
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 import sqlite3
@@ -20,17 +21,18 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import psutil
 
-from hermes.private_files import make_private_dirs
+from hermes.private_files import make_private_dirs, write_private
 from hermes.state import StorageError, open_snapshot
 from supervisor.chaos.checker import NO_KILL, UNFIRED, Durable, Verdict, check_case
 from supervisor.chaos.checker.deaths import NEMESIS, count_deaths, death_causes
+from supervisor.chaos.conversation import is_generated, scenario_named
 from supervisor.chaos.generator import Case, case_file_stem
 from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_and_ask, summarize_rows
 from supervisor.chaos.nemesis import Fault
 from supervisor.chaos.nemesis.accounting import account
 from supervisor.chaos.nemesis.family import Nemesis, chosen
 from supervisor.chaos.observe import Observer
-from supervisor.chaos.scenarios import MODEL, SCENARIOS, SESSION, Scenario
+from supervisor.chaos.scenarios import MODEL, SESSION, Scenario
 from supervisor.procs.pool import Pool, WorkerProcess
 from targetkit import registry
 from targetkit.target import as_worker_args
@@ -124,7 +126,7 @@ class CaseRunner:
                  config: CampaignConfig, on_log: Callable[[WorkerProcess, bytes], None] | None = None,
                  resources: Mapping[type[Nemesis], Any] | None = None) -> None:
         self.case = case
-        self.scenario: Scenario = SCENARIOS[case.scenario]
+        self.scenario: Scenario = scenario_named(case.scenario)
         self.target = registry.get(config.target)
         self.dir = _claim_dir(root, case_file_stem(case.case_id))
         self.config = config
@@ -232,6 +234,8 @@ class CaseRunner:
 
     def _repro_flags(self) -> tuple[str, ...]:
         flags = []
+        if is_generated(self.case.scenario):  # its conversation is found again by drawing the campaign's
+            flags.append(f"--mode generated --seed {self.config.seed} --runs {self.config.runs}")
         if self.target.name != registry.DEFAULT:
             flags.append(f"--target {self.target.name}")
         if self.config.target_options:
@@ -273,7 +277,7 @@ class CaseRunner:
         url = self._model_url() if process >= 0 else self.base_url  # a storage-fault worker never gets far
         args = self.worker_args(command, self.db, self.ledger, url, busy_budget)
         if command == "run":
-            args += ["--message", turn.message, "--turn-id", f"turn-{turn_index}"]
+            args += [*self._message_args(turn_index, turn.message), "--turn-id", f"turn-{turn_index}"]
         if fault is not None:
             args += fault.worker_args()
         self._incarnations += 1
@@ -295,6 +299,14 @@ class CaseRunner:
             timer.daemon = True
             timer.start()
         return proc
+
+    def _message_args(self, turn_index: int, message: str | list[dict[str, Any]]) -> list[str]:
+        """The worker arguments that give it turn `turn_index`'s message: from a private file of the
+        case's directory, never the command line (which every user of the machine can read)."""
+        path = self.dir / f"message-{turn_index}.{'txt' if isinstance(message, str) else 'json'}"
+        if not path.exists():
+            write_private(path, message if isinstance(message, str) else json.dumps(message, ensure_ascii=False))
+        return ["--message-file", str(path), *([] if isinstance(message, str) else ["--message-format", "json"])]
 
     def _model_url(self) -> str:
         """The model endpoint for the next worker (a family may give it another: `refused`)."""

@@ -7,10 +7,12 @@ must be (`Expectation`), which the checker holds the durable state to.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from hermes.compaction import SUMMARY_PROMPT
-from testkit.script import Reply, Script, ToolCallSpec, turn_script
+from testkit.script import Reply, ToolCallSpec, content_text, last_user_text, reply_index
 
 SESSION = "chaos-session"  # every case runs one session of this id
 MODEL = "scripted-model"   # the name the scripted model answers as
@@ -28,12 +30,17 @@ class Expectation:
 
 @dataclass(frozen=True)
 class Turn:
-    message: str
+    message: str | list[dict[str, Any]]  # text, or content parts (a drawn conversation's)
     replies: tuple[Reply, ...]
 
     @property
     def answer(self) -> str:
         return self.replies[-1].content or ""
+
+    @property
+    def text(self) -> str:
+        """The message's text: what the model server keys its replies on."""
+        return content_text(self.message)
 
 
 @dataclass(frozen=True)
@@ -49,11 +56,12 @@ class Scenario:
         return Expectation(turns=len(self.turns), final_answers=tuple(t.answer for t in self.turns))
 
     def extra_args(self, command: str) -> list[str]:
-        """Worker arguments this scenario adds to `command` (compaction happens only before a new turn)."""
+        """Worker arguments this scenario adds to `command` (the same for a turn's first worker and
+        for the ones that resume it: a resumed turn compacts where its first worker would have)."""
         args = list(self.worker_args)
         if self.stream:
             args.append("--stream")
-        if self.compact_above and command == "run":
+        if self.compact_above:
             args += ["--compact-above", str(self.compact_above)]
         return args
 
@@ -114,8 +122,33 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 SUMMARY_REPLY = "Earlier: one was looked up and two was stored."
 
 
-def campaign_script(scenarios: list[Scenario]) -> Script:
+class CampaignScript:
+    """The scripted model of a campaign: it answers every turn of the scenarios it was given, and
+    of those `add`ed while it serves (a drawn conversation is known once it is drawn), plus the
+    compaction summary request. A reply is keyed on the last user message and on how many
+    assistant replies its turn already has."""
+
+    def __init__(self, scenarios: list[Scenario]) -> None:
+        self._replies: dict[str, tuple[Reply, ...]] = {SUMMARY_PROMPT: (Reply(SUMMARY_REPLY),)}
+        self._lock = threading.Lock()
+        for scenario in scenarios:
+            self.add(scenario)
+
+    def add(self, scenario: Scenario) -> None:
+        with self._lock:
+            for turn in scenario.turns:
+                self._replies.setdefault(turn.text, turn.replies)
+
+    def __call__(self, messages: list[dict]) -> Reply:
+        text = last_user_text(messages)
+        index = reply_index(messages)
+        with self._lock:
+            replies = self._replies.get(text) if text is not None else None
+        if replies is not None and index < len(replies):
+            return replies[index]
+        return Reply(content=f"scripted model: no reply for {text!r} at index {index}")
+
+
+def campaign_script(scenarios: list[Scenario]) -> CampaignScript:
     """One script answering every turn of `scenarios`, plus the compaction summary request."""
-    turns = {t.message: list(t.replies) for s in scenarios for t in s.turns}
-    turns[SUMMARY_PROMPT] = [Reply(SUMMARY_REPLY)]
-    return turn_script(turns)
+    return CampaignScript(scenarios)

@@ -11,6 +11,12 @@
 An adapter is imported only when its target is chosen and installed (`Target.missing`), so
 running one target never imports another's packages. What every adapter does the same way
 (the toolsets of ``--tools``, the effects ledger and the chaos tools, a UI event) lives here too.
+
+A user message is text, or (``--message-format json``) a list of OpenAI content parts
+(``hermes.content``). An adapter that can hand such a list to its library's user message as it
+is says so with ``content_parts_refusal(parts) -> str | None`` (None: it takes them; else why
+not); one without it takes text only. `check_message` refuses what the adapter cannot take,
+before anything is written.
 """
 from __future__ import annotations
 
@@ -80,6 +86,20 @@ def _execute_loop(module: ModuleType, args: Any, link: "SupervisorLink | None", 
     code = report(out)
     ledger.close()
     return code
+
+
+def check_message(name: str, module: ModuleType, message: Any) -> None:
+    """UsageError (one line) when target `name`'s adapter `module` cannot take `message`: a list of
+    content parts, unless its ``content_parts_refusal(parts)`` returns None. Called before the
+    adapter runs, so a refused message leaves no row, ledger or file behind."""
+    if not isinstance(message, list):
+        return
+    judge = getattr(module, "content_parts_refusal", None)
+    why = ("its adapter passes text messages only (it defines no content_parts_refusal)" if judge is None
+           else judge(message))
+    if why is not None:
+        raise UsageError(f"--target {name} cannot take this message as a list of content parts: {why}; "
+                         "send text (--message-format text)")
 
 
 def adapter(name: str) -> ModuleType:

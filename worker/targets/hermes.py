@@ -2,6 +2,9 @@
 
 The worker claims the session (a new fencing lease, so an older worker still running it can
 write nothing more), finishes an interrupted turn first, and only then runs the new message.
+With ``--compact-above ROWS`` older turns are summarized before the new turn (`_compact`) and,
+by the agent itself (``AIAgent.compact_above``), inside a turn between a tool block and the next
+model call, in `run` and in `resume` alike.
 Storage that fails at open, while the session is claimed or while the worker reads it ends the
 command with the named persistence failure, like a failed write inside the turn; a path that
 is no usable database, or an unknown session, is a usage error.
@@ -32,6 +35,13 @@ log = logging.getLogger("worker")
 # this record: every supervisor reads the record, and a worker's template imports the runtime anyway.
 TARGET = Target("hermes", "ours (default)", adapter=__name__, schema="supervisor.chaos.schema.hermes",
                 forkserver=True)
+
+
+def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:
+    """None: our runtime takes a list of content parts as the user message, stores it as JSON,
+    sends it to the model as given and reads it back as a list (hermes.content)."""
+    del parts
+    return None
 
 
 def execute(args: argparse.Namespace, link: SupervisorLink | None, report: Report) -> int:
@@ -154,6 +164,8 @@ def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink |
                         session_id=args.session, enabled_toolsets=toolsets, system_prompt=args.system_prompt,
                         stream=args.stream, request_timeout=args.timeout, max_retries=args.max_retries,
                         max_model_calls=args.max_model_calls,
+                        # Inside a turn (a resumed one too): between a tool block and the next model call.
+                        compact_above=max(0, getattr(args, "compact_above", 0) or 0),
                         interim_assistant_callback=lambda text, already_streamed=False: project(
                             "interim", text=text),
                         tool_complete_callback=lambda call_id, name, _args, content: project(

@@ -46,6 +46,15 @@ switched off here, because upstream's summary request (its own prompt, through i
 auxiliary client) is not one the scripted model answers. So in multi-turn-compaction
 upstream runs its three turns uncompacted.
 
+List content (``--message-format json``): upstream's `run_conversation(user_message: Any)` takes
+a list of OpenAI content parts as the user message, stores it as JSON (`SessionDB._encode_content`)
+and reads it back as a list. Text parts reach the model as given. Image parts do not: unless
+upstream knows that the model takes images (models.dev, or a `supports_vision` line of
+config.yaml), its chat-completions path (`_prepare_messages_for_non_vision_model`) replaces each
+with a description made by its vision tool, an auxiliary model call the scripted model never
+answers. So a list of text parts is passed through, and one holding an image is refused at start
+(`content_parts_refusal`).
+
 Resume: upstream has no automatic recovery of an interrupted turn. What a restarted
 upstream agent does is load the session's stored conversation and take the message
 again; so `resume` here loads the durable conversation and, when the last user turn
@@ -64,6 +73,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hermes import probes
+from hermes.content import UserContent, has_images
 from hermes.private_files import create_private_file, make_private_dirs
 from hermes.tools import ToolContext, registry
 from hermes.transcript import is_final_answer
@@ -95,6 +105,17 @@ TARGET = Target(
     extra="upstream", package=f"{NAME}=={VERSION}",
     install_hint=(f"the {NAME} target needs upstream Hermes: pip install 'hermes-supervisor[upstream]' "
                   f"(installs {NAME}=={VERSION}), or pip install {NAME}=={VERSION} next to this project"))
+
+
+def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:
+    """None for text parts, which upstream passes through as given; why not for a list holding an
+    image part, which upstream 0.19.0 rewrites for a model it does not know sees images (module
+    docstring)."""
+    if has_images(parts):
+        return ("upstream hermes-agent 0.19.0 replaces an image part with a description from its vision tool "
+                "(an auxiliary model call) for a model it does not know to take images, so the model would not "
+                "be sent the parts as given; text parts only")
+    return None
 
 
 def prepare_home(db_path: Path) -> Path:
@@ -198,8 +219,9 @@ def _probe_environment() -> None:
         thread.join()
 
 
-def _turns(conversation: list[dict[str, Any]]) -> tuple[int, str | None, bool]:
-    """(index of the last user turn, its text, whether it has a final answer)."""
+def _turns(conversation: list[dict[str, Any]]) -> tuple[int, UserContent | None, bool]:
+    """(index of the last user turn, its message (text, or a list of content parts), whether it has
+    a final answer)."""
     index, text, answered = -1, None, False
     for msg in conversation:
         if msg.get("role") == "user":
@@ -422,7 +444,7 @@ class UpstreamTarget:
             return []
         return self.db.get_messages_as_conversation(self.args.session)
 
-    def _run(self, message: str, history: list[dict[str, Any]], turn_id: str) -> dict[str, Any]:
+    def _run(self, message: UserContent, history: list[dict[str, Any]], turn_id: str) -> dict[str, Any]:
         self.turn_id = turn_id
         agent = self._agent()
         probes.fire("turn.start", session=self.args.session, turn=turn_id)

@@ -50,6 +50,11 @@ writes are replayed), any other is. A turn whose user message never became durab
 ``exit``, nothing of a killed run is) is not in the thread at all: ``run`` sends the message
 again as a new input.
 
+List content (``--message-format json``): a langchain-core `HumanMessage` takes a list of content
+parts as its content (``str | list[str | dict]``) and keeps it as given; the checkpointer saves
+and restores it as given, and this target's model (`langgraph_model.to_openai`) sends a human
+message's content unchanged. So a list is passed through (`content_parts_refusal`).
+
 Options of our runtime that LangGraph has no counterpart for are not applied here:
 ``--synchronous`` and ``--busy-budget`` (the saver's connection keeps SQLite's defaults, as
 `SqliteSaver.from_conn_string` does), ``--compact-above`` and ``--max-model-calls``.
@@ -132,6 +137,12 @@ TARGET = Target(
     extra="langgraph", package="langgraph>=1.2.24,<1.3",
     install_hint=("the langgraph target needs LangGraph: pip install 'hermes-supervisor[langgraph]' "
                   "(installs langgraph, langgraph-checkpoint-sqlite and langchain-core)"))
+
+
+def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:
+    """None: a HumanMessage holds the list as its content, and the model is sent it as given."""
+    del parts
+    return None
 
 
 @dataclass

@@ -42,6 +42,14 @@ question twice); the run gets an empty input and the SDK sends the stored histor
 `function_call` without an output (the SDK drops those from what it sends, and leaves them
 in the store). `run` of a turn whose question is already durable does the same.
 
+List content (``--message-format json``): the SDK's run input is a str or a list of input items,
+and a user message item (``{"role": "user", "content": [...]}``) takes a list of content parts;
+the SDK (0.24) accepts Chat Completions parts there as they are (`Converter`'s aliases: "text",
+and "image_url" with its url), stores the item as given, and sends the model the text parts as
+given and each image part as ``{"type": "image_url", "image_url": {"url": ..., "detail": "auto"}}``
+(the API's default detail made explicit). So a list is passed through, as one user item
+(`user_input`, `content_parts_refusal`).
+
 Turn ids: the k-th user item of the session is turn `turn-k` (the campaign runs turn k as
 the session's k-th message, and a resume never adds a user item); nothing else is stored.
 """
@@ -103,6 +111,19 @@ TARGET = Target(
     modules=("agents",), extra="openai-agents", package=DISTRIBUTION,
     install_hint=(f"the {NAME} target needs the OpenAI Agents SDK: pip install 'hermes-supervisor[openai-agents]' "
                   f"(installs {DISTRIBUTION}), or pip install '{DISTRIBUTION}' next to this project"))
+
+
+def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:
+    """None: the SDK takes the list as a user message item's content (module docstring)."""
+    del parts
+    return None
+
+
+def user_input(message: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """The run input of a new user message: text as the SDK's str input (stored as one user item),
+    a list of content parts as one user message item holding them (a bare list would be read as a
+    list of input items, not as one message's parts)."""
+    return message if isinstance(message, str) else [{"role": "user", "content": message}]
 
 
 # ------------------------------------------------------------------ the session's turns
@@ -218,7 +239,7 @@ class AgentsTarget:
                         "final_response": answer, "turn_exit_reason": "already_finished", "api_calls": 0,
                         "target": NAME}
             return await self._drive([], wanted)  # its question is durable: never stored twice (module docstring)
-        return await self._drive(self.args.message, wanted)
+        return await self._drive(user_input(self.args.message), wanted)
 
     async def resume(self) -> dict[str, Any]:
         """What a restarted application does (module docstring): continue the session's unanswered

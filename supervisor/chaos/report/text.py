@@ -4,6 +4,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape, quoteattr
 
+from supervisor.chaos.coverage import coverage_lines
+
 if TYPE_CHECKING:
     from supervisor.chaos.runner import CaseResult
 
@@ -26,6 +28,8 @@ def table(summary: dict[str, Any]) -> str:
         lines += [f"fault {name}: {row}" for name, row in faults] + [""]
     if power_text(summary):
         lines += [f"power cuts {power_text(summary)}", ""]
+    if summary.get("coverage"):
+        lines += [*coverage_lines(summary["coverage"]), ""]
     lines.append(_totals(summary))
     note = partial_note(summary)
     if note:
