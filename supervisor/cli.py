@@ -271,7 +271,12 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
     _check_runnable(config, args.workdir)
     if args.report is not None:
         make_private_dirs(args.report)
-    summary, results = _run_campaign(config, args)
+    from supervisor.chaos.conversation import UnknownConversation
+
+    try:
+        summary, results = _run_campaign(config, args)
+    except UnknownConversation as exc:
+        raise UsageError(str(exc)) from None
     from supervisor.chaos.report import table, write_reports
 
     print(table(summary))
@@ -346,7 +351,8 @@ def _run_campaign(config: CampaignConfig, args: argparse.Namespace) -> tuple[dic
                             log_sink=merged.on_log if merged else None, on_result=on_result, on_plan=on_plan,
                             campaign_id=campaign_id)
         shard = f"shard {config.shard[0]}/{config.shard[1]}, " if config.shard != (1, 1) else ""
-        console.line(f"campaign {campaign_id}: {config.mode}, {shard}{len(config.scenarios)} scenario(s)")
+        what = f"{config.runs} draws" if config.mode == "generated" else f"{len(config.scenarios)} scenario(s)"
+        console.line(f"campaign {campaign_id}: {config.mode}, {shard}{what}")
         guard.attach(campaign)
         try:
             results = campaign.run()
@@ -401,12 +407,13 @@ def run_merge(args: argparse.Namespace) -> int:
 
 def run_shrink(args: argparse.Namespace) -> int:
     """Shrink one case of a report: 0 when a minimal case was found (and recorded), 2 when it cannot be."""
+    from supervisor.chaos.conversation import UnknownConversation
     from supervisor.chaos.shrink import ShrinkError, shrink_into_report, shrunk_lines
 
     try:
         done = shrink_into_report(args.report, [(args.case, args.invariant)], **_shrink_kwargs(args))
-    except (ShrinkError, KeyError) as exc:
-        raise UsageError(str(exc).strip('"')) from None
+    except (ShrinkError, UnknownConversation) as exc:
+        raise UsageError(str(exc)) from None
     for shrunk in done:
         print("\n".join(shrunk_lines(shrunk)))
     print(f"report: {args.report / 'report.json'}")

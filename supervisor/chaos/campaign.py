@@ -24,7 +24,7 @@ from hermes.probes import POINTS
 from supervisor.chaos.checker import NO_KILL, UNFIRED, UNKNOWN, Verdict
 from supervisor.chaos.checker.verdict import VIOLATION_CLASSES, rank
 from supervisor.chaos.config import CampaignConfig
-from supervisor.chaos.conversation import Conversation, is_generated, lookup, observed, register
+from supervisor.chaos.conversation import Conversation, UnknownConversation, is_generated, lookup, observed, register
 from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
 from supervisor.chaos.history import HistoryWriter, canonical_json, write_json
 from supervisor.chaos.nemesis.accounting import add_rows, campaign_rows, unlanded
@@ -265,9 +265,9 @@ class Campaign:
                     self.add_conversation(conversation)
                     wanted.discard(conversation.name)
             if wanted:
-                raise KeyError(f"{', '.join(sorted(wanted))}: not among the {config.runs} conversations drawn with "
-                               f"--seed {config.seed} for --target {config.target} (give the campaign's --seed and "
-                               "--runs; a report's case reruns with `hermes-supervisor shrink REPORT_DIR CASE`)")
+                raise UnknownConversation(f"{', '.join(sorted(wanted))}: not among the {config.runs} conversations drawn with "
+                               f"--seed {config.seed} for --target {config.target}: give the --seed and --runs of the "
+                               "campaign that ran it, as its repro line does")
         needed = sorted({c.scenario for c in cases if c.fault is not None and c.fault.unaimed})
         plan = Plan.start(config, self.campaign_id, [Case(s).case_id for s in needed])
         self._announce(plan)

@@ -255,11 +255,15 @@ def register(conversation: Conversation) -> str:
     return conversation.name
 
 
+class UnknownConversation(LookupError):
+    """A case names a drawn conversation this process does not know."""
+
+
 def lookup(name: str) -> Conversation:
     with _known_lock:
         found = _known.get(name)
     if found is None:
-        raise KeyError(f"conversation {name} is not known here: it is drawn by `chaos --mode generated` with its "
+        raise UnknownConversation(f"conversation {name} is not known here: it is drawn by `chaos --mode generated` with its "
                        "campaign's seed and runs, or read from a report (`hermes-supervisor shrink REPORT_DIR CASE`)")
     return found
 

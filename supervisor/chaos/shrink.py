@@ -256,6 +256,7 @@ def shrink_into_report(directory: Path, wanted: list[tuple[str, str]], *, regres
     and, with `regression_out`, each into a pytest file there."""
     from supervisor.chaos.history import write_json
     from supervisor.chaos.regression import regression_text, write_regression
+    from supervisor.chaos.report import refresh
 
     report = load_report(directory)
     config = config_of(report)
@@ -278,6 +279,7 @@ def shrink_into_report(directory: Path, wanted: list[tuple[str, str]], *, regres
             {(d.shrunk_from, d.invariant) for d in done}]
     report["shrunk"] = kept + [d.to_json() for d in done]
     write_json(Path(directory) / "report.json", report, atomic=True)
+    refresh(directory)  # report.md and report.html show the minimal cases too
     return done
 
 

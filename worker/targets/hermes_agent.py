@@ -101,6 +101,11 @@ TARGET = Target(
     schema="supervisor.chaos.schema.hermes_agent",
     promises=Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False,
                       promised={("no-lost-rows", ANY): SESSIONS_DOC}, claims=CLAIMS_DOC),
+    unsupported={"list-content": "upstream 0.19.0 replaces an image part with its vision tool's description (an "
+                                 "auxiliary model call) for a model it does not know to take images",
+                 "compaction": "upstream compacts by its token estimate, never below 64,000 tokens, with a summary "
+                               "request of its own; --compact-above has no counterpart",
+                 "compaction-mid-turn": "upstream compacts by its token estimate, never below 64,000 tokens"},
     forkserver=True, preload=(f"{__name__}:preload",), modules=("run_agent", "hermes_state"),
     extra="upstream", package=f"{NAME}=={VERSION}",
     install_hint=(f"the {NAME} target needs upstream Hermes: pip install 'hermes-supervisor[upstream]' "

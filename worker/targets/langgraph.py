@@ -132,6 +132,8 @@ TARGET = Target(
     options=OPTIONS, promises_with=promises,
     unreachable={"compact.in_txn": "LangGraph has no compaction: a checkpoint holds the whole message list, and "
                                    "this graph trims nothing"},
+    unsupported={"compaction": "LangGraph has no compaction: --compact-above has no counterpart",
+                 "compaction-mid-turn": "LangGraph has no compaction"},
     forkserver=True, preload=(__name__, "worker.targets.langgraph_graph", "worker.targets.langgraph_model"),
     modules=("langgraph", "langgraph.checkpoint.sqlite"),  # langchain-core comes with langgraph
     extra="langgraph", package="langgraph>=1.2.24,<1.3",

@@ -108,6 +108,9 @@ TARGET = Target(
                                   ("durable-before-visible", ANY): STORED_AFTER_RUN_DOC},
                       claims=CLAIMS_DOC),
     unreachable=UNREACHABLE_POINTS, forkserver=True, preload=(__name__, "worker.targets.openai_agents_wiring"),
+    unsupported={"compaction": "a SQLiteSession is never compacted here (the SDK's compaction session asks the "
+                               "Responses API); --compact-above has no counterpart",
+                 "compaction-mid-turn": "a SQLiteSession is never compacted here"},
     modules=("agents",), extra="openai-agents", package=DISTRIBUTION,
     install_hint=(f"the {NAME} target needs the OpenAI Agents SDK: pip install 'hermes-supervisor[openai-agents]' "
                   f"(installs {DISTRIBUTION}), or pip install '{DISTRIBUTION}' next to this project"))

@@ -9,7 +9,12 @@ The page has three parts:
   and, when a case is opened, its timeline: every event the supervisor recorded (probe
   hits, UI projections, tool effects, the kill, the restart, the resume steps) with the
   durable row ids seen at that step, then the case's verdict;
-* every violation with its invariant, witness rows and repro command.
+* every violation with its invariant, witness rows and repro command;
+* in a generated campaign's report, its coverage: a matrix of conversation features x kill
+  points counting the cases of each feature whose landed kill hit each point, the features the
+  target cannot take (with its reason) and those no case reached;
+* once a failing case was shrunk (`hermes-supervisor shrink`, `chaos --shrink`), each minimal
+  failing case: its size, its kills, each turn's tool rounds, its repro and regression test.
 
 Routing is by the URL fragment (``#case=STEM``, ``#cell=POINT&scenario=NAME``, ``#list=all``),
 so a link to one case's timeline can be pasted and opened later.
@@ -38,7 +43,7 @@ import json
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from urllib.parse import quote
 
 from supervisor.chaos.generator import case_file_stem
@@ -46,10 +51,12 @@ from supervisor.chaos.history import witness_rows, write_private, write_private_
 from supervisor.chaos.nemesis import Fault
 from supervisor.chaos.report.text import (
     classes_text,
+    conversation_turns,
     fault_rows,
     other_deaths_text,
     partial_note,
     power_text,
+    rounds_text,
     shard_text,
     verdict_word,
 )
@@ -64,6 +71,7 @@ PAGE_SIZE = 200                  # cases per page of the case list
 VIOLATIONS_SHOWN = 200           # violations listed in full on the page; every one is in its case's view
 DIGEST_CHARS = 16                # what a passing case's snapshot keeps of a row digest
 NO_PROBE = "-"                   # the matrix key of cases without a probe fault (fault-free, timer)
+MESSAGE_SHOWN = 160              # characters of a minimal case's user message in its turn table (the JSON has all)
 
 STATUSES = ("pass", "violation", "unknown", "untargeted", "never")
 STATUS_TEXT = {"pass": "every case passed", "violation": "a case violated an invariant",
@@ -243,6 +251,99 @@ def _violations(summary: dict[str, Any]) -> str:
     return f'<ol class="violations">{"".join(items)}</ol>{tail}'
 
 
+def _coverage(section: Mapping[str, Any]) -> str:
+    """The coverage matrix: a row per conversation feature, a column per kill point."""
+    points = list(section.get("points") or [])
+    rows: Mapping[str, Mapping[str, Any]] = section.get("features") or {}
+    descriptions = section.get("descriptions") or {}
+    unsupported = section.get("unsupported") or {}
+    unreached = list(section.get("unreached") or [])
+    # A kill that landed at a point the section does not list gets a column, not a silently dropped count.
+    columns = points + sorted({p for row in rows.values() for p in row.get("points") or {}} - set(points))
+    head = "".join(f'<th scope="col" class="point" title="{_h(p)}"><span>{_h(p)}</span></th>' for p in columns)
+    lines = [f'<p class="hint">{_h(section.get("pairs_reached", 0))} of {_h(section.get("pairs_possible", 0))} '
+             "(feature, kill point) pairs reached by a landed kill. A cell counts the cases that exercised the "
+             "feature and whose landed kill hit the point.</p>",
+             '<div class="matrix-wrap"><table class="matrix coverage" id="coverage-matrix"><thead><tr>'
+             f'<th scope="col">feature</th><th scope="col">cases</th><th scope="col">killed</th>{head}</tr></thead>'
+             "<tbody>"]
+    for feature, row in rows.items():
+        description = descriptions.get(feature, "")
+        label = (f'<th scope="row" title="{_h(description)}"><code>{_h(feature)}</code>'
+                 f'<div class="desc">{_h(description)}</div></th>')
+        if feature in unsupported:
+            lines.append(f'<tr class="unsupported" data-feature="{_h(feature)}" data-unsupported>{label}'
+                         f'<td>-</td><td>-</td><td class="why" colspan="{len(columns)}">not supported by the target: '
+                         f"{_h(unsupported[feature])}</td></tr>")
+            continue
+        counts = row.get("points") or {}
+        cells = []
+        for point in columns:
+            n = counts.get(point, 0)
+            if n:
+                cells.append(f'<td class="cov-hit" data-coverage-cell data-point="{_h(point)}" data-cases="{_h(n)}" '
+                             f'title="{_h(f"{feature} killed at {point}: {n} case(s)")}">{_h(n)}</td>')
+            else:
+                cells.append(f'<td class="cov-empty" data-coverage-cell data-point="{_h(point)}" data-cases="0" '
+                             f'title="{_h(f"no case of {feature} had a kill land at {point}")}">·</td>')
+        extra = ' class="unreached"' if feature in unreached else ""
+        lines.append(f'<tr{extra} data-feature="{_h(feature)}">{label}<td>{_h(row.get("cases", 0))}</td>'
+                     f'<td>{_h(row.get("killed", 0))}</td>{"".join(cells)}</tr>')
+    lines.append("</tbody></table></div>")
+    lines.append('<p class="legend"><span class="cov-hit key">n</span> n cases killed there · '
+                 '<span class="cov-empty key">·</span> no case killed there · '
+                 '<span class="unsupported key">grey row</span> the target cannot take the feature</p>')
+    if unreached:
+        lines.append('<p class="bad" id="coverage-unreached">Never reached by a case (more runs or another seed may '
+                     f'reach them): {", ".join(f"<code>{_h(f)}</code>" for f in unreached)}.</p>')
+    else:
+        lines.append('<p class="none" id="coverage-unreached">Every feature the target supports was reached by a '
+                     "case.</p>")
+    return "\n".join(lines)
+
+
+def _code(text: str) -> str:
+    return f"<code>{_h(text)}</code>"
+
+
+def _shrunk(entries: list[Mapping[str, Any]], case_ids: set[str]) -> str:
+    """Each minimal failing case, with a link to the case it was shrunk from when this report has it."""
+    items = []
+    for i, entry in enumerate(entries):
+        origin = str(entry.get("from"))
+        source = (f'<a href="{_h(_href(case=case_file_stem(origin)))}">{_code(origin)}</a>' if origin in case_ids
+                  else _code(origin))
+        spent = "; the budget ran out: it may shrink further" if entry.get("budget_spent") else ""
+        turns = []
+        for turn in conversation_turns(entry.get("conversation") or {}):
+            again = f" (turn {turn['repeat_of']} again)" if turn["repeat_of"] is not None else ""
+            message = repr(turn["message"])
+            if len(message) > MESSAGE_SHOWN:
+                message = message[:MESSAGE_SHOWN] + "…"
+            turns.append(f'<tr data-turn="{turn["index"]}"><td>{turn["index"]}{_h(again)}</td>'
+                         f'<td>{_h(message)}{" + an image" if turn["parts"] else ""}</td>'
+                         f'<td>{rounds_text(turn["rounds"], _code)}</td><td>{_h(repr(turn["answer"]))}</td></tr>')
+        violations = "".join(f'<div class="bad">{_h(v.get("message", ""))}</div>'
+                             for v in entry.get("violations") or [] if isinstance(v, Mapping))
+        conversation = json.dumps(entry.get("conversation"), indent=2, ensure_ascii=False, default=str)
+        regression = entry.get("regression_file")
+        items.append(
+            f'<li class="shrunk" id="s-{i}" data-shrunk data-invariant="{_h(entry.get("invariant"))}">'
+            f'<strong>{_h(entry.get("invariant"))}</strong>: {_h(entry.get("turns"))} turn(s), '
+            f'{_h(entry.get("calls"))} call(s), {_h(entry.get("kills"))} kill(s), shrunk from {source} '
+            f'({_h(entry.get("cases_run"))} cases run{_h(spent)})'
+            f'<div>minimal case: <code class="case">{_h(entry.get("case"))}</code></div>'
+            f'<div>kills: {_code(entry["fault"]) if entry.get("fault") else "none (it fails without a kill)"}</div>'
+            f'<div>features: {_h(", ".join(map(str, entry.get("features") or [])) or "none")}</div>'
+            '<table class="turns"><thead><tr><th scope="col">turn</th><th scope="col">message</th>'
+            '<th scope="col">tool rounds</th><th scope="col">answer</th></tr></thead>'
+            f'<tbody>{"".join(turns)}</tbody></table>{violations}'
+            f'<div>repro: <code class="repro">{_h(entry.get("repro", ""))}</code></div>'
+            + (f'<div>regression test: {_code(regression)}</div>' if regression else "")
+            + f'<details><summary>conversation (JSON)</summary><pre>{_h(conversation)}</pre></details></li>')
+    return f'<ol class="shrunk">{"".join(items)}</ol>'
+
+
 def render(summary: dict[str, Any], results: list[dict[str, Any]], cases: dict[str, dict[str, Any]] | None,
            has_history: set[str]) -> str:
     """The page. `results`: report.json's entries, each with "reached" (probe names its run hit);
@@ -277,6 +378,13 @@ def render(summary: dict[str, Any], results: list[dict[str, Any]], cases: dict[s
         facts.append(("power cuts", power_text(summary)))
     if summary.get("faults_unlanded"):
         facts.append(("faults never landed", ", ".join(summary["faults_unlanded"])))
+    coverage = summary.get("coverage")
+    if coverage:
+        facts.append(("coverage", f"{coverage.get('pairs_reached', 0)} of {coverage.get('pairs_possible', 0)} "
+                                  "(feature, kill point) pairs"))
+    shrunk = summary.get("shrunk") or []
+    if shrunk:
+        facts.append(("minimal failing cases", len(shrunk)))
     campaign = summary.get("campaign")
     if campaign:
         facts.append(("campaign", f"{campaign.get('id')} ({shard_text(campaign)})"))
@@ -294,6 +402,13 @@ def render(summary: dict[str, Any], results: list[dict[str, Any]], cases: dict[s
             "loaded per case from <code>cases/&lt;case&gt;.js</code> (keep the cases/ directory next to this page)")
     inline_block = (f'<script type="application/json" id="hermes-inline">{_script_json(cases)}</script>'
                     if cases is not None else "")
+    # Sections a generated campaign adds: linked from the header, after the violations they explain.
+    links = (" ·\n<a href=\"#shrunk\">minimal failing cases</a>" if shrunk else "") + \
+        (" ·\n<a href=\"#coverage\">coverage</a>" if coverage else "")
+    sections = ((f'<section id="shrunk"><h2>Minimal failing cases</h2>'
+                 f'{_shrunk(shrunk, {r["case"] for r in results})}</section>\n' if shrunk else "")
+                + (f'<section id="coverage"><h2>Coverage: conversation features × kill points</h2>'
+                   f'{_coverage(coverage)}</section>\n' if coverage else ""))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -304,7 +419,7 @@ def render(summary: dict[str, Any], results: list[dict[str, Any]], cases: dict[s
 <header><h1>Chaos campaign: <span class="verdict {verdict.lower()}" id="verdict">{verdict}</span></h1>
 <dl class="facts">{facts_html}</dl>
 <nav><a href="#list=failing">failing cases ({failing})</a> · <a href="#list=all">all cases ({len(results)})</a> ·
-<a href="#violations">violations</a></nav></header>
+<a href="#violations">violations</a>{links}</nav></header>
 <main>
 <section id="matrix-section"><h2>Kill points × scenarios</h2>
 <p class="hint">A cell counts the cases whose (first) kill was planned at that point; click it for its cases,
@@ -313,7 +428,7 @@ then a case for its timeline.</p>
 <section id="panel" aria-live="polite"><noscript>The case list and timelines need JavaScript;
 every case's data is also in cases/&lt;case&gt;.json.</noscript></section>
 <section id="violations"><h2>Violations</h2>{_violations(summary)}</section>
-<footer>Case timelines: {mode}.</footer>
+{sections}<footer>Case timelines: {mode}.</footer>
 </main>
 <script type="application/json" id="hermes-data">{_script_json(data)}</script>
 {inline_block}

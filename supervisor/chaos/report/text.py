@@ -1,7 +1,8 @@
 """Campaign reports as text: the table printed at the end, junit.xml and report.md."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import re
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 from xml.sax.saxutils import escape, quoteattr
 
 from supervisor.chaos.coverage import coverage_lines
@@ -170,7 +171,97 @@ def markdown(summary: dict[str, Any]) -> str:
         lines += [f"- `{case_id}`" for case_id in missing[:NOT_RUN_LISTED]]
         if len(missing) > NOT_RUN_LISTED:
             lines.append(f"- ... and {len(missing) - NOT_RUN_LISTED} more (report.json lists every one)")
+    if summary.get("coverage"):
+        lines += ["", *_coverage_markdown(summary["coverage"])]
+    if summary.get("shrunk"):
+        lines += ["", *_shrunk_markdown(summary["shrunk"])]
     return "\n".join(lines) + "\n"
+
+
+# Report text (drawn messages, reasons, descriptions) may hold anything: markup, pipes, newlines.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#~])")
+
+
+def md_text(value: Any) -> str:
+    """`value` as literal Markdown text on one line: HTML is escaped as entities (a renderer shows
+    "<script>" as text), Markdown punctuation is backslash-escaped (a "|" never splits a table
+    cell), and line breaks become spaces (one never ends a list item or a table row)."""
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return " ".join(_MD_SPECIAL.sub(r"\\\1", text).splitlines())
+
+
+def md_code(value: Any) -> str:
+    """`value` as a Markdown code span, fenced with more backticks than it holds (a code span shows
+    its text verbatim: no entity or escape works inside one)."""
+    text = " ".join(str(value).splitlines())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def conversation_turns(conversation: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each turn of a conversation's JSON (supervisor.chaos.conversation.Conversation.to_json) as
+    it ran: a turn that repeats an earlier one sends that turn's message and gets its replies, so
+    its message, tool rounds (the tools of each step) and answer are the earlier turn's."""
+    turns = list(conversation.get("turns") or [])
+    shown = []
+    for index, turn in enumerate(turns):
+        again = turn.get("repeat_of")
+        source = turns[again] if isinstance(again, int) and 0 <= again < index else turn
+        rounds = [[str(call[0]) for call in step.get("calls") or []] for step in source.get("steps") or []]
+        shown.append({"index": index, "repeat_of": again if source is not turn else None,
+                      "message": source.get("message", ""), "parts": bool(source.get("parts")), "rounds": rounds,
+                      "answer": source.get("answer", "")})
+    return shown
+
+
+def _coverage_markdown(section: Mapping[str, Any]) -> list[str]:
+    """The Coverage section: one row per feature, then the explorable features no case reached."""
+    points = section.get("points") or []
+    descriptions = section.get("descriptions") or {}
+    unsupported = section.get("unsupported") or {}
+    lines = ["## Coverage", "",
+             f"{section.get('pairs_reached', 0)} of {section.get('pairs_possible', 0)} (feature, kill point) pairs "
+             "reached by a landed kill.", "",
+             "| feature | description | cases | killed | kill points reached |", "| --- | --- | --- | --- | --- |"]
+    for feature, row in (section.get("features") or {}).items():
+        head = f"| {md_code(feature)} | {md_text(descriptions.get(feature, ''))} |"
+        if feature in unsupported:
+            lines.append(f"{head} - | - | not supported: {md_text(unsupported[feature])} |")
+            continue
+        # Counted as the text table counts them; which points, per feature, is report.html's matrix.
+        lines.append(f"{head} {row.get('cases', 0)} | {row.get('killed', 0)} | "
+                     f"{len(row.get('points') or {})} of {len(points)} |")
+    unreached = section.get("unreached") or []
+    lines += ["", f"Never reached by a case: {', '.join(md_code(f) for f in unreached)}." if unreached
+              else "Every feature the target supports was reached by a case."]
+    return lines
+
+
+def rounds_text(rounds: list[list[str]], code: Callable[[str], str] = str) -> str:
+    """A turn's tool rounds: the tools of each round, rounds apart by " | " (as `shrunk_lines` prints them)."""
+    return " | ".join(code(", ".join(tools)) for tools in rounds) or "no tools"
+
+
+def _shrunk_markdown(shrunk: list[Mapping[str, Any]]) -> list[str]:
+    """The Minimal failing cases section: per shrink, its size and case, then each turn's tool rounds."""
+    lines = ["## Minimal failing cases", ""]
+    for entry in shrunk:
+        spent = ", budget spent: it may shrink further" if entry.get("budget_spent") else ""
+        lines.append(f"- **{md_text(entry.get('invariant'))}**: {entry.get('turns')} turn(s), {entry.get('calls')} "
+                     f"call(s), {entry.get('kills')} kill(s), shrunk from {md_code(entry.get('from'))} "
+                     f"({entry.get('cases_run')} cases run{spent})  ")
+        lines.append(f"  minimal case: {md_code(entry.get('case'))}  ")
+        lines.append(f"  kills: {md_code(entry['fault']) if entry.get('fault') else 'none (it fails without a kill)'}")
+        for turn in conversation_turns(entry.get("conversation") or {}):
+            again = f" (turn {turn['repeat_of']} again)" if turn["repeat_of"] is not None else ""
+            lines.append(f"  - turn {turn['index']}{again}: {rounds_text(turn['rounds'], md_code)}; "
+                         f"answer {md_text(repr(turn['answer']))}")
+        if entry.get("repro"):
+            lines.append(f"  - repro: {md_code(entry['repro'])}")
+        if entry.get("regression_file"):
+            lines.append(f"  - regression test: {md_code(entry['regression_file'])}")
+    return lines
 
 
 def shard_text(campaign: dict[str, Any]) -> str:

@@ -1,0 +1,162 @@
+"""Generated mode against real workers: it passes on our runtime, it finds a recovery bug the
+seven scripts cannot show, shrinks it to a minimal conversation, and writes a regression test
+that fails with the bug and passes without it.
+
+The bug (tests/defects/resume_forgets_third_note) makes recovery forget the result of an
+`append_note` that is the third call or later of its block, so it is answered twice. Only a
+block of three or more calls with a note among its later calls shows it; the scripts' notes
+all come first. Everything runs as real processes (`python -m supervisor chaos|shrink`, pytest
+on the emitted file), each in a session of its own and killed by its recorded pid if it outlives
+its bound.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
+
+REPO = Path(__file__).resolve().parents[1]
+DEFECT = Path(__file__).resolve().parent / "defects" / "resume_forgets_third_note"
+MARKER = "defect armed: resume-forgets-third-note"
+BOUND_S = 600.0  # only bounds a hang: the slowest step here (a shrink) takes about a minute
+SEED, RUNS = 1, 40  # the defect shows within these draws (as the test says when it does not)
+INVARIANT = "no-duplicate-rows"
+
+
+def _env(defect: bool) -> dict[str, str]:
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
+               PYTHONDONTWRITEBYTECODE="1")
+    path = ([str(DEFECT)] if defect else []) + [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+@pytest.fixture
+def run() -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
+    started: list[subprocess.Popen[str]] = []
+
+    def run_(argv: list[str], *, defect: bool) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=_env(defect), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        started.append(proc)
+        try:
+            out, err = proc.communicate(timeout=BOUND_S)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            out, err = proc.communicate()
+            pytest.fail(f"{argv} did not finish in {BOUND_S:.0f}s\n{out[-3000:]}\n{err[-3000:]}")
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+    yield run_
+    for proc in started:
+        _stop(proc)
+
+
+def _report(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / "report.json").read_text(encoding="utf-8"))
+
+
+def _said(done: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {done.returncode}\n--- stdout\n{done.stdout[-5000:]}\n--- stderr\n{done.stderr[-3000:]}"
+
+
+def test_generated_mode_finds_shrinks_and_pins_a_bug_the_scripts_miss(run: Any, tmp_path: Path) -> None:
+    # The seven scripts, every kill point, under the defect: nothing to see.
+    scripts = run(["-m", "supervisor", "chaos", "--mode", "exhaustive", "--jobs", "2",
+                   "--report", str(tmp_path / "scripts")], defect=True)
+    assert scripts.returncode == 0 and _report(tmp_path / "scripts")["ok"] is True, _said(scripts)
+
+    # Generated mode finds it, and shrinks it to one turn of at most three calls.
+    report_dir, tests_dir = tmp_path / "generated", tmp_path / "regression"
+    found = run(["-m", "supervisor", "chaos", "--mode", "generated", "--runs", str(RUNS), "--seed", str(SEED),
+                 "--jobs", "2", "--report", str(report_dir), "--shrink", "--regression-out", str(tests_dir)],
+                defect=True)
+    assert MARKER in found.stderr + (report_dir / "workers.log").read_text(errors="replace"), _said(found)
+    assert found.returncode == 1, _said(found)
+    report = _report(report_dir)
+    assert INVARIANT in {v["invariant"] for v in report["violations"]}, _said(found)
+    # Every violation is of a drawn conversation (a fault-free run too may show it: a tool that
+    # restarts its own worker makes a recovery there).
+    assert all(v["case"].split("/")[0] in report["campaign"]["conversations"] for v in report["violations"])
+    shrunk = {entry["invariant"]: entry for entry in report["shrunk"]}
+    assert set(shrunk) == {v["invariant"] for v in report["violations"]}, report["shrunk"]
+    minimal = shrunk[INVARIANT]
+    assert minimal["turns"] == 1 and minimal["calls"] <= 3 and minimal["kills"] == 1, minimal
+    steps = minimal["conversation"]["turns"][0]["steps"]
+    assert any(len(step["calls"]) == 3 and step["calls"][2][0] == "append_note" for step in steps), minimal
+    assert f"minimal {INVARIANT}: 1 turn(s)" in found.stdout
+
+    # Its regression test fails with the bug and passes without it.
+    test_file = Path(minimal["regression_file"])
+    assert test_file.parent == tests_dir and test_file.name.startswith(f"test_{INVARIANT.replace('-', '_')}_")
+    pytest_args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(test_file)]
+    with_bug = run(pytest_args, defect=True)
+    assert with_bug.returncode == 1 and INVARIANT in with_bug.stdout, _said(with_bug)
+    fixed = run(pytest_args, defect=False)
+    assert fixed.returncode == 0 and "1 passed" in fixed.stdout, _said(fixed)
+
+    # A stored case shrinks on its own too, and a shrink of another invariant of the same case
+    # replays what the first ran.
+    again = run(["-m", "supervisor", "shrink", str(report_dir), minimal["from"], "--invariant", INVARIANT],
+                defect=True)
+    assert again.returncode == 0 and f"minimal {INVARIANT}: 1 turn(s)" in again.stdout, _said(again)
+
+
+def test_generated_mode_passes_on_our_runtime_and_shows_its_coverage(run: Any, tmp_path: Path) -> None:
+    done = run(["-m", "supervisor", "chaos", "--mode", "generated", "--runs", "30", "--seed", "5", "--jobs", "2",
+                "--report", str(tmp_path / "r")], defect=False)
+    assert done.returncode == 0, _said(done)
+    report = _report(tmp_path / "r")
+    assert report["ok"] is True and report["cases"] == 30 + len(report["campaign"]["baselines"])
+    coverage = report["coverage"]
+    assert coverage["pairs_reached"] > 0 and "coverage:" in done.stdout
+    reached = {f for f, row in coverage["features"].items() if row["cases"]}
+    assert {"block-of-5", "mixed-policies", "multi-step", "unicode", "nul", "list-content"} <= reached, coverage
+    assert sorted(reached | set(coverage["unreached"])) == sorted(coverage["features"])
+    # A case reruns from its repro line alone.
+    case = next(r for r in report["results"] if r["fault"])
+    repro = case["repro"].split()
+    assert repro[:2] == ["hermes-supervisor", "chaos"] and "--seed" in repro
+    rerun = run(["-m", "supervisor", *[a.strip("'") for a in repro[1:]]], defect=False)
+    assert rerun.returncode == 0 and "cases 1," in rerun.stdout, _said(rerun)
+
+
+def test_shrinking_refuses_what_it_cannot_shrink(run: Any, tmp_path: Path) -> None:
+    scripted = run(["-m", "supervisor", "chaos", "--scenario", "single-tool", "--probe", "turn.start",
+                    "--report", str(tmp_path / "s")], defect=False)
+    assert scripted.returncode == 0, _said(scripted)
+    refused = run(["-m", "supervisor", "shrink", str(tmp_path / "s"), "single-tool/fault-free"], defect=False)
+    assert refused.returncode == 2 and "only generated cases shrink" in refused.stderr, _said(refused)
+    missing = run(["-m", "supervisor", "shrink", str(tmp_path / "nowhere"), "x/y"], defect=False)
+    assert missing.returncode == 2 and "no report.json" in missing.stderr, _said(missing)
+    flags = run(["-m", "supervisor", "chaos", "--shrink", "--scenario", "single-tool"], defect=False)
+    assert flags.returncode == 2 and "--mode generated" in flags.stderr, _said(flags)
