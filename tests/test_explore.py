@@ -11,6 +11,7 @@ from supervisor.chaos.conversation import (
     Conversation,
     Step,
     TurnPlan,
+    UnknownConversation,
     is_generated,
     observed,
     register,
@@ -95,7 +96,7 @@ def test_a_conversation_runs_as_a_scenario_the_campaign_model_answers() -> None:
     second = scenario.turns[1]
     replies = [script([{"role": "user", "content": second.message}] + [{"role": "assistant"}] * i) for i in range(3)]
     assert [len(r.tool_calls) for r in replies] == [3, 1, 0] and replies[1].content == "retrying"
-    with pytest.raises(KeyError, match="not known here"):
+    with pytest.raises(UnknownConversation, match="not known here"):
         scenario_named("gen-000000000000")
 
 

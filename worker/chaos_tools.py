@@ -85,8 +85,11 @@ def clean_results(tool: str, arguments: dict[str, Any]) -> frozenset[str] | None
     if tool == "append_note":
         return frozenset({_append_note_text(arguments)})
     if tool == "broken_tool":
-        # Its clean run is its failure, as the dispatcher reports a tool's exception.
-        return frozenset({tool_error(tool_failure_message("broken_tool", _broken_tool_error(arguments)))})
+        # Its clean run is its failure, as the runtime reports a tool's exception: ours names the
+        # tool; upstream hermes-agent gives the exception alone ({"error": "RuntimeError: why"}).
+        error = _broken_tool_error(arguments)
+        return frozenset({tool_error(tool_failure_message("broken_tool", error)),
+                          tool_error(f"{type(error).__name__}: {error}")})
     if tool == "restart_agent":
         return frozenset()  # it SIGKILLs its own process: a clean run never returns a result
     return None

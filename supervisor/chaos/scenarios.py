@@ -125,11 +125,12 @@ SUMMARY_REPLY = "Earlier: one was looked up and two was stored."
 class CampaignScript:
     """The scripted model of a campaign: it answers every turn of the scenarios it was given, and
     of those `add`ed while it serves (a drawn conversation is known once it is drawn), plus the
-    compaction summary request. A reply is keyed on the last user message and on how many
-    assistant replies its turn already has."""
+    compaction summary request. A reply is keyed on the last user message (without the white space
+    at its ends, which some runtimes strip from what the user sent) and on how many assistant
+    replies its turn already has."""
 
     def __init__(self, scenarios: list[Scenario]) -> None:
-        self._replies: dict[str, tuple[Reply, ...]] = {SUMMARY_PROMPT: (Reply(SUMMARY_REPLY),)}
+        self._replies: dict[str, tuple[Reply, ...]] = {SUMMARY_PROMPT.strip(): (Reply(SUMMARY_REPLY),)}
         self._lock = threading.Lock()
         for scenario in scenarios:
             self.add(scenario)
@@ -137,13 +138,13 @@ class CampaignScript:
     def add(self, scenario: Scenario) -> None:
         with self._lock:
             for turn in scenario.turns:
-                self._replies.setdefault(turn.text, turn.replies)
+                self._replies.setdefault(turn.text.strip(), turn.replies)
 
     def __call__(self, messages: list[dict]) -> Reply:
         text = last_user_text(messages)
         index = reply_index(messages)
         with self._lock:
-            replies = self._replies.get(text) if text is not None else None
+            replies = self._replies.get(text.strip()) if text is not None else None
         if replies is not None and index < len(replies):
             return replies[index]
         return Reply(content=f"scripted model: no reply for {text!r} at index {index}")
