@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFECT = Path(__file__).resolve().parent / "defects" / "resume_forgets_third_note"
 MARKER = "defect armed: resume-forgets-third-note"
 BOUND_S = 600.0  # only bounds a hang: the slowest step here (a shrink) takes about a minute
-SEED, RUNS = 1, 40  # the defect shows within these draws (as the test says when it does not)
+SEED, RUNS = 1, 6  # the defect shows within these draws (the first two show it)
 INVARIANT = "no-duplicate-rows"
 
 
@@ -124,39 +124,11 @@ def test_generated_mode_finds_shrinks_and_pins_a_bug_the_scripts_miss(run: Any, 
     fixed = run(pytest_args, defect=False)
     assert fixed.returncode == 0 and "1 passed" in fixed.stdout, _said(fixed)
 
-    # A stored case shrinks on its own too, and a shrink of another invariant of the same case
-    # replays what the first ran.
-    again = run(["-m", "supervisor", "shrink", str(report_dir), minimal["from"], "--invariant", INVARIANT],
-                defect=True)
-    assert again.returncode == 0 and f"minimal {INVARIANT}: 1 turn(s)" in again.stdout, _said(again)
-
-
-def test_generated_mode_passes_on_our_runtime_and_shows_its_coverage(run: Any, tmp_path: Path) -> None:
-    done = run(["-m", "supervisor", "chaos", "--mode", "generated", "--runs", "30", "--seed", "5", "--jobs", "2",
-                "--report", str(tmp_path / "r")], defect=False)
-    assert done.returncode == 0, _said(done)
-    report = _report(tmp_path / "r")
-    assert report["ok"] is True and report["cases"] == 30 + len(report["campaign"]["baselines"])
-    coverage = report["coverage"]
-    assert coverage["pairs_reached"] > 0 and "coverage:" in done.stdout
-    reached = {f for f, row in coverage["features"].items() if row["cases"]}
-    assert {"block-of-5", "mixed-policies", "multi-step", "unicode", "nul", "list-content"} <= reached, coverage
-    assert sorted(reached | set(coverage["unreached"])) == sorted(coverage["features"])
-    # A case reruns from its repro line alone.
-    case = next(r for r in report["results"] if r["fault"])
-    repro = case["repro"].split()
-    assert repro[:2] == ["hermes-supervisor", "chaos"] and "--seed" in repro
-    rerun = run(["-m", "supervisor", *[a.strip("'") for a in repro[1:]]], defect=False)
-    assert rerun.returncode == 0 and "cases 1," in rerun.stdout, _said(rerun)
-
-
-def test_shrinking_refuses_what_it_cannot_shrink(run: Any, tmp_path: Path) -> None:
-    scripted = run(["-m", "supervisor", "chaos", "--scenario", "single-tool", "--probe", "turn.start",
-                    "--report", str(tmp_path / "s")], defect=False)
-    assert scripted.returncode == 0, _said(scripted)
-    refused = run(["-m", "supervisor", "shrink", str(tmp_path / "s"), "single-tool/fault-free"], defect=False)
-    assert refused.returncode == 2 and "only generated cases shrink" in refused.stderr, _said(refused)
-    missing = run(["-m", "supervisor", "shrink", str(tmp_path / "nowhere"), "x/y"], defect=False)
-    assert missing.returncode == 2 and "no report.json" in missing.stderr, _said(missing)
-    flags = run(["-m", "supervisor", "chaos", "--shrink", "--scenario", "single-tool"], defect=False)
-    assert flags.returncode == 2 and "--mode generated" in flags.stderr, _said(flags)
+    # A stored case shrinks on its own too (here on a small budget, which the entry says it spent),
+    # replacing that case's entry for that invariant in report.json.
+    again = run(["-m", "supervisor", "shrink", str(report_dir), minimal["from"], "--invariant", INVARIANT,
+                 "--shrink-budget", "4"], defect=True)
+    assert again.returncode == 0 and f"minimal {INVARIANT}:" in again.stdout, _said(again)
+    entries = [e for e in _report(report_dir)["shrunk"] if e["invariant"] == INVARIANT]
+    assert len(entries) == 1 and entries[0]["budget_spent"] is True and entries[0]["cases_run"] <= 4, entries
+    assert "Minimal failing cases" in (report_dir / "report.md").read_text(encoding="utf-8")

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The README's list of distinct upstream defects: one minimal failing case per invariant.
+
+    python scripts/minimal_figures.py --store [--python PY] [--runs 60] [--seed 1] [--budget 150]
+        run `hermes-supervisor chaos --target hermes-agent --mode generated --shrink` (with PY, an
+        interpreter that has the [upstream] extra: .venv-upstream/bin/python by default), and
+        store what it shrank in docs/figures/minimal.json, with the command and the date
+    python scripts/minimal_figures.py --from-report DIR   store what the report in DIR shrank
+    python scripts/minimal_figures.py            render the stored list into README.md
+    python scripts/minimal_figures.py --check    exit 1 if README.md's block differs from the store
+
+The block sits between ``<!-- minimal:begin -->`` and ``<!-- minimal:end -->``;
+``tests/test_minimal_figures.py`` renders the store and compares. The campaign takes many
+minutes against upstream, so it runs on demand only.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+STORE = REPO / "docs" / "figures" / "minimal.json"
+PAGE = REPO / "README.md"
+BEGIN, END = "<!-- minimal:begin -->", "<!-- minimal:end -->"
+TARGET = "hermes-agent"
+
+
+def command(runs: int, seed: int, budget: int) -> list[str]:
+    return ["chaos", "--target", TARGET, "--mode", "generated", "--runs", str(runs), "--seed", str(seed), "--jobs", "2",
+            "--shrink", "--shrink-budget", str(budget)]
+
+
+def condense(report: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """What the README shows of a shrinking campaign's report."""
+    opts = report["campaign"]["options"]
+    cases = []
+    for entry in sorted(report.get("shrunk") or [], key=lambda e: e["invariant"]):
+        turns = [t if t.get("repeat_of") is None else entry["conversation"]["turns"][t["repeat_of"]]
+                 for t in entry["conversation"]["turns"]]
+        rounds = [[[_call(call) for call in step["calls"]] for step in t["steps"]] for t in turns]
+        violation = (entry.get("violations") or [{}])[0]
+        cases.append({"invariant": entry["invariant"], "class": violation.get("class"),
+                      "message": violation.get("message", ""), "turns": entry["turns"], "calls": entry["calls"],
+                      "kills": entry["kills"], "fault": entry["fault"], "rounds": rounds,
+                      "messages": [t["message"] for t in turns],
+                      "stream": entry["conversation"]["stream"], "features": entry["features"],
+                      "budget_spent": entry["budget_spent"]})
+    return {"target": opts["target"], "seed": opts["seed"], "runs": opts["runs"],
+            "command": "hermes-supervisor " + " ".join(argv), "date": datetime.date.today().isoformat(),
+            "violations": len(report["violations"]), "cases": report["cases"], "shrunk": cases}
+
+
+def _call(call: list[Any]) -> str:
+    """A call as the list shows it: its tool, and what about its arguments matters."""
+    tool, arguments = call
+    return f"{tool} (a {arguments['pad']:,}-character result)" if arguments.get("pad") else tool
+
+
+def render(store: dict[str, Any]) -> str:
+    lines = [BEGIN, "",
+             f"`{store['command']}` ({store['date']}, {store['cases']} cases) found {len(store['shrunk'])} invariants "
+             f"broken by upstream hermes-agent; each shrunk to the smallest conversation and kills that still break "
+             "it (`--regression-out DIR` writes each as a pytest file):", "",
+             "| invariant | class | turns | calls | kills | the minimal case |", "| --- | --- | --- | --- | --- | --- |"]
+    for case in store["shrunk"]:
+        rounds = "; ".join(f"turn {i} {json.dumps(message, ensure_ascii=False)}: "
+                           + (" / ".join(", ".join(step) for step in turn) or "no tools")
+                           for i, (message, turn) in enumerate(zip(case["messages"], case["rounds"])))
+        kill = f", killed at `{case['fault']}`" if case["fault"] else ", no kill"
+        stream = " (streamed)" if case["stream"] else ""
+        lines.append(f"| `{case['invariant']}` | {case['class'] or '-'} | {case['turns']} | {case['calls']} | "
+                     f"{case['kills']} | {rounds}{stream}{kill}: {case['message'].replace('|', '/')} |")
+    return "\n".join([*lines, "", END])
+
+
+def rewrite(text: str, block: str) -> str:
+    head, found, rest = text.partition(BEGIN)
+    if not found or END not in rest:
+        raise SystemExit(f"{PAGE.name} has no {BEGIN} ... {END} block")
+    return head + block + rest.split(END, 1)[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", action="store_true")
+    parser.add_argument("--from-report", type=Path, default=None, metavar="DIR")
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--python", default=str(REPO / ".venv-upstream" / "bin" / "python"))
+    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--budget", type=int, default=150)
+    args = parser.parse_args()
+    argv = command(args.runs, args.seed, args.budget)
+    if args.store or args.from_report:
+        directory = args.from_report
+        if directory is None:
+            directory = Path(tempfile.mkdtemp(prefix="minimal-figures-"))
+            env = dict(os.environ, NO_PROXY="127.0.0.1,localhost")
+            subprocess.run([args.python, "-m", "supervisor", *argv, "--report", str(directory)], cwd=REPO, env=env,
+                           check=False)
+        report = json.loads((directory / "report.json").read_text(encoding="utf-8"))
+        opts = report["campaign"]["options"]
+        argv = command(opts["runs"], opts["seed"], args.budget)
+        STORE.write_text(json.dumps(condense(report, argv), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    store = json.loads(STORE.read_text(encoding="utf-8"))
+    page = PAGE.read_text(encoding="utf-8")
+    wanted = rewrite(page, render(store))
+    if args.check:
+        return 0 if wanted == page else 1
+    if wanted != page:
+        PAGE.write_text(wanted, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
