@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
-import psutil
 import pytest
+from procutil import stop_tree
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 
@@ -41,25 +40,6 @@ def _env(defect: bool) -> dict[str, str]:
     return env
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        descendants = []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-    for child in descendants:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
-
-
 @pytest.fixture
 def run() -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
     started: list[subprocess.Popen[str]] = []
@@ -71,14 +51,14 @@ def run() -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
         try:
             out, err = proc.communicate(timeout=BOUND_S)
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            stop_tree(proc)
             out, err = proc.communicate()
             pytest.fail(f"{argv} did not finish in {BOUND_S:.0f}s\n{out[-3000:]}\n{err[-3000:]}")
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     yield run_
     for proc in started:
-        _stop(proc)
+        stop_tree(proc)
 
 
 def _report(directory: Path) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -38,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+from procutil import stop_tree
 
 from hermes.probes import POINTS
 from supervisor.chaos import checker
@@ -299,27 +298,6 @@ def _env(defect: str | None) -> dict[str, str]:
     return env
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL a still-running supervisor's process group (its pgid is its recorded pid), then
-    whatever it had started that survives it (workers run in sessions of their own), by pid."""
-    if proc.poll() is not None:
-        return  # reaped: the pid may already belong to someone else
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        descendants = []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-    for child in descendants:
-        try:
-            child.kill()  # psutil refuses if the pid now names a different process
-        except psutil.Error:
-            pass
-
-
 @dataclass
 class Campaign:
     returncode: int
@@ -350,7 +328,7 @@ def chaos(tmp_path: Path) -> Iterator[Any]:
         try:
             stdout, stderr = proc.communicate(timeout=CAMPAIGN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            stop_tree(proc)
             stdout, stderr = proc.communicate()
             pytest.fail(f"campaign {args} did not finish in {CAMPAIGN_TIMEOUT_S:.0f}s\n{stdout[-4000:]}\n"
                         f"{stderr[-4000:]}")
@@ -364,7 +342,7 @@ def chaos(tmp_path: Path) -> Iterator[Any]:
 
     yield run
     for proc in started:
-        _stop(proc)
+        stop_tree(proc)
 
 
 def _assert_armed(defect: Defect, result: Campaign) -> None:
