@@ -57,19 +57,20 @@ def _text(draw: Any, allow_nul: bool) -> str:
 
 
 @st.composite
-def calls(draw: Any, excluded: Collection[str]) -> Call:
+def calls(draw: Any, excluded: Collection[str], text: str) -> Call:
+    """One call, its text arguments the round's text: a call is one choice (two for the rarer
+    kinds), so the shrinker spends its runs deleting calls rather than simplifying each."""
     tools = [t for t in TOOLS if not (t == "restart_agent" and "self-restart" in excluded)]
     tool = draw(st.sampled_from(tools))
     if tool == "restart_agent" and draw(st.integers(0, 3)) != 3:
         tool = "lookup"  # a worker that kills itself is rarer than the other calls
-    text = _text(draw, "nul" not in excluded)
     if tool == "lookup":
         pad = SPILLED_PAD if "spilled-result" not in excluded and draw(st.integers(0, 7)) == 7 else 0
         return Call(tool, (("key", text),) + ((("pad", pad),) if pad else ()))
     if tool == "slow_lookup":
         return Call(tool, (("key", text), ("seconds", 0.01)))
     if tool == "set_value":
-        return Call(tool, (("key", text), ("value", _text(draw, "nul" not in excluded))))
+        return Call(tool, (("key", text), ("value", text)))
     if tool == "append_note":
         return Call(tool, (("text", text),))
     if tool == "broken_tool":
@@ -80,8 +81,9 @@ def calls(draw: Any, excluded: Collection[str]) -> Call:
 @st.composite
 def rounds(draw: Any, excluded: Collection[str]) -> tuple[Step, ...]:
     """One tool round, and when a call of it failed, maybe a second retrying that call with a tool that works."""
-    block = tuple(draw(st.lists(calls(excluded), min_size=1, max_size=MAX_CALLS)))
-    step = Step(block, _text(draw, "nul" not in excluded) if draw(st.booleans()) else None)
+    text = _text(draw, "nul" not in excluded)
+    block = tuple(draw(st.lists(calls(excluded, text), min_size=1, max_size=MAX_CALLS)))
+    step = Step(block, text if draw(st.booleans()) else None)
     broken = [c for c in block if c.tool == "broken_tool"]
     if broken and draw(st.booleans()):
         return step, Step((Call("lookup", (("key", dict(broken[0].arguments)["reason"]),)),), "retrying")
