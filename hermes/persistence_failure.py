@@ -11,7 +11,9 @@ import os
 import sqlite3
 from pathlib import Path
 
-CAUSES = ("locked", "disk", "readonly", "corrupt", "lease", "unknown")
+from hermes.store.pg import failure as pg_failure
+
+CAUSES = ("locked", "disk", "readonly", "corrupt", "lease", "connection", "unknown")
 
 _PRIMARY_CODES = {
     sqlite3.SQLITE_BUSY: "locked",
@@ -78,6 +80,9 @@ def classify(exc: BaseException | None, db_path: object = None) -> str:
     text = str(exc).lower()
     if "lease lost" in text:
         return "lease"
+    pg = pg_failure.cause_of(exc)  # the PostgreSQL store's failures carry their cause (SQLSTATE-based)
+    if pg is not None:
+        return pg
     code = getattr(exc, "sqlite_errorcode", None)
     if (db_path is not None and isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_CANTOPEN
             and _directory_is_readonly(db_path)):
@@ -97,6 +102,9 @@ def classify(exc: BaseException | None, db_path: object = None) -> str:
 
 def describe(cause: str, detail: str | None = None, db_path: object = None) -> str:
     """One paragraph for a person: what happened, that nothing was shown or run, what to do."""
+    worded = pg_failure.describe(cause, detail, db_path)  # what PostgreSQL words otherwise (a lost connection)
+    if worded is not None:
+        return worded
     where = f" ({db_path})" if db_path else ""
     said = f" SQLite said: {detail}." if detail else ""
     closed = "The turn stopped before showing or running anything that was not saved."

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any
+from typing import Any, Callable
 
 from hermes import probes
 from hermes.store.connection import Storage
@@ -22,6 +22,35 @@ _COLUMN_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name
 _INSERT_MESSAGE_SQL = (
     "INSERT INTO messages (session_id, turn_id, role, content, content_kind, tool_calls, "
     "tool_call_id, name, extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def rewrites(pending: list[dict[str, Any]], find_target: Callable[[int], Any], decode: Callable[[Any, str], Any],
+             repair: Callable[[int, Any], None]) -> tuple[list[Any], list[int]]:
+    """What a flush does with each pending message, the rule both engines apply inside its
+    transaction: a message whose `_row_id` names an active row (`find_target`: (row id, stored,
+    kind, role) or None) rewrites it (a blank stored row is repaired with the message's content
+    by `repair`, a non-blank one wins and its content is adopted); any other is to be INSERTed.
+    Returns the (row id, adopted content or None) of each rewrite, None for the others, and the
+    indexes of the messages to INSERT, in order."""
+    outcome: list[Any] = [None] * len(pending)
+    inserts: list[int] = []
+    for index, msg in enumerate(pending):
+        row_ref = msg.get("_row_id")
+        target = find_target(row_ref) if isinstance(row_ref, int) else None
+        if target is None:
+            inserts.append(index)
+            continue
+        row_id, stored, kind, _role = target
+        stored_content = decode(stored, kind)
+        if is_blank(stored_content) and not is_blank(msg.get("content")):
+            repair(row_id, msg["content"])
+            outcome[index] = (row_id, None)
+        elif is_blank(stored_content):
+            outcome[index] = (row_id, None)
+        else:
+            # The durable row wins. Its content is never None here (None is blank).
+            outcome[index] = (row_id, stored_content)
+    return outcome, inserts
 
 
 class Messages(Storage):
@@ -207,28 +236,12 @@ class Messages(Storage):
                 return [(row_id, None) for row_id in self._insert_message_rows(conn, session_id, pending)]
         if start_turn is not None:
             self._start_turn_row(conn, session_id, start_turn, pending)
-        outcome: list[Any] = [None] * len(pending)
-        inserts: list[int] = []
-        for index, msg in enumerate(pending):
-            target = None
-            row_ref = msg.get("_row_id")
-            if isinstance(row_ref, int):
-                target = self._active_target(conn, session_id, row_ref)
-            if target is None:
-                inserts.append(index)
-                continue
-            row_id, stored, kind, _role = target
-            stored_content = self._decode_content(stored, kind)
-            if is_blank(stored_content) and not is_blank(msg.get("content")):
-                conn.execute("UPDATE messages SET content = ?, content_kind = ? WHERE id = ?",
-                             (self._encode_content(msg["content"]),
-                              self._content_kind(msg["content"]), row_id))
-                outcome[index] = (row_id, None)
-            elif is_blank(stored_content):
-                outcome[index] = (row_id, None)
-            else:
-                # The durable row wins. Its content is never None here (None is blank).
-                outcome[index] = (row_id, stored_content)
+        def repair(row_id: int, content: Any) -> None:
+            conn.execute("UPDATE messages SET content = ?, content_kind = ? WHERE id = ?",
+                         (self._encode_content(content), self._content_kind(content), row_id))
+
+        outcome, inserts = rewrites(pending, lambda row_ref: self._active_target(conn, session_id, row_ref),
+                                    self._decode_content, repair)
         if len(inserts) == len(pending):
             new_ids = self._insert_message_rows(conn, session_id, pending)
         else:

@@ -5,12 +5,32 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any
+from typing import Any, Callable
 
 from hermes.ids import validate_session_id
 from hermes.outcomes import dangling_result
 from hermes.store.messages import Messages
 from hermes.transcript import trailing_tool_block
+
+
+def dangling_results(tail: list[dict[str, Any]], turn_id: str, dispatched: Callable[[Any], bool], why: str,
+                     reason: str) -> list[dict[str, Any]]:
+    """A result for each unanswered call of the trailing tool block in `tail` (the session's active
+    rows from the newest that is not a tool result on, oldest first), when that block is turn
+    `turn_id`'s; `dispatched(call_id)` says whether a dispatch intent shows the call may have run.
+    The rule both engines apply when a turn is abandoned."""
+    block, answered = trailing_tool_block(tail)
+    results: list[dict[str, Any]] = []
+    if block is None or block["turn_id"] != turn_id:
+        return results
+    for call in block["tool_calls"]:
+        if call.get("id") in answered:
+            continue
+        answered.add(call.get("id"))
+        results.append({"role": "tool", "name": (call.get("function") or {}).get("name"),
+                        "tool_call_id": call.get("id"), "_turn_id": turn_id,
+                        "content": dangling_result(dispatched(call.get("id")), why, reason)})
+    return results
 
 
 class Turns(Messages):
@@ -169,21 +189,12 @@ class Turns(Messages):
             if role != "tool":
                 break
         newest_first.close()
-        block, answered = trailing_tool_block(tail[::-1])
-        results: list[dict[str, Any]] = []
-        if block is None or block["turn_id"] != turn_id:
-            return results
-        for call in block["tool_calls"]:
-            if call.get("id") in answered:
-                continue
-            answered.add(call.get("id"))
-            dispatched = conn.execute(
-                "SELECT 1 FROM tool_dispatches WHERE session_id = ? AND turn_id = ? AND tool_call_id = ? LIMIT 1",
-                (session_id, turn_id, call.get("id"))).fetchone()
-            results.append({"role": "tool", "name": (call.get("function") or {}).get("name"),
-                            "tool_call_id": call.get("id"), "_turn_id": turn_id,
-                            "content": dangling_result(dispatched is not None, why, reason)})
-        return results
+
+        def dispatched(call_id: Any) -> bool:
+            return conn.execute("SELECT 1 FROM tool_dispatches WHERE session_id = ? AND turn_id = ? "
+                                "AND tool_call_id = ? LIMIT 1", (session_id, turn_id, call_id)).fetchone() is not None
+
+        return dangling_results(tail[::-1], turn_id, dispatched, why, reason)
 
     def running_turn(self, session_id: str) -> dict[str, Any] | None:
         """The session's interrupted turn, if any: started and neither done nor failed."""
