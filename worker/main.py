@@ -60,7 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in ("run", "resume"):
         sub = commands.add_parser(name)
-        sub.add_argument("--db", required=True, type=Path, help="the session database (SQLite)")
+        where = sub.add_mutually_exclusive_group(required=True)
+        where.add_argument("--db", type=Path, default=None, help="the session database (SQLite)")
+        where.add_argument("--store", default=None, metavar="URL",
+                           help="the session store on a PostgreSQL server, postgresql://... (our runtime only; "
+                                "needs --ledger and the postgres extra)")
         sub.add_argument("--session", required=True, type=session_id_argument, metavar="ID",
                          help="1-128 ASCII letters, digits, '.', '_', ':', '-', starting with a letter or digit")
         sub.add_argument("--base-url", default=None,
@@ -203,11 +207,13 @@ def _validate(args: argparse.Namespace) -> KillPlan | None:
         raise UsageError("--busy-budget, --timeout and --max-retries must not be negative")
     if args.max_model_calls is not None and args.max_model_calls < 1:
         raise UsageError("--max-model-calls must be at least 1")
-    if args.db.is_dir():
+    if args.store is not None:
+        _check_store(args)
+    elif args.db.is_dir():
         raise UsageError(f"--db {args.db} is a directory, not a database file")
-    if args.command == "resume" and not args.db.exists():
+    elif args.command == "resume" and not args.db.exists():
         raise UsageError(f"--db {args.db} does not exist; there is nothing to resume")
-    if args.command == "run" and not args.db.parent.is_dir():
+    elif args.command == "run" and not args.db.parent.is_dir():
         raise UsageError(f"--db {args.db}: directory {args.db.parent} does not exist")
     if args.kill_mode != "self" and args.control is None:
         raise UsageError(f"--kill-mode {args.kill_mode} needs --control: the supervisor does the killing")
@@ -230,6 +236,19 @@ def _validate(args: argparse.Namespace) -> KillPlan | None:
     except ValueError as exc:
         raise UsageError(f"--tools {args.tools!r}: {exc}") from None
     return plan
+
+
+def _check_store(args: argparse.Namespace) -> None:
+    """`--store URL`: a PostgreSQL URL, for our runtime, with the files a database path would have
+    located named outright (the effects ledger; the agent's home)."""
+    from hermes.store.engines import is_postgres_url
+
+    if not is_postgres_url(args.store):
+        raise UsageError("--store takes a postgresql:// URL (a SQLite database is --db PATH)")
+    if args.target != "hermes":
+        raise UsageError(f"--store is for our runtime (--target hermes); {args.target} keeps its own store: --db PATH")
+    if args.ledger is None or args.home is None:
+        raise UsageError("--store needs --ledger PATH and --home DIR (with --db they default to files beside it)")
 
 
 _NOISY = ("httpx", "httpx2", "openai", "httpcore")

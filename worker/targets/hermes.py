@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hermes import persistence_failure
 from hermes.state import SessionDB, StorageError
+from hermes.store.engines import open_store
 from hermes.transcript import is_final_answer
 from hermes.turn import PERSISTENCE_FAILED
 from targetkit import Target
@@ -66,8 +67,10 @@ def execute(args: argparse.Namespace, link: SupervisorLink | None, report: Repor
 
 def _open_db(args: argparse.Namespace) -> SessionDB:
     try:
-        db = SessionDB(args.db, synchronous=args.synchronous, busy_budget_s=args.busy_budget)
+        db = open_store(args.store or args.db, synchronous=args.synchronous, busy_budget_s=args.busy_budget)
     except StorageError as exc:  # not a usable database path at all (a directory, not SQLite, newer schema)
+        raise UsageError(str(exc)) from None
+    except ImportError as exc:  # --store without the postgres extra: what to install
         raise UsageError(str(exc)) from None
     try:
         known = args.command != "resume" or db.get_session(args.session) is not None
@@ -77,19 +80,24 @@ def _open_db(args: argparse.Namespace) -> SessionDB:
         return db
     if not known:
         db.close()
-        raise UsageError(f"session {args.session!r} is not in {args.db}")
+        raise UsageError(f"session {args.session!r} is not in {db.db_path}")
     return db
 
 
 def _storage_failure(args: argparse.Namespace, exc: Exception) -> dict[str, Any]:
     """The outcome of a worker that could not claim or read its session (e.g. the database is locked):
     failed, as a turn whose write failed is, and nothing written to say so (the storage just failed)."""
+    where = args.db
+    if args.store is not None:  # its password, if any, never goes into a message
+        from hermes.store.pg.connection import redact
+
+        where = redact(args.store)
     cause = persistence_failure.classify(exc, args.db)
     detail = None if cause == "locked" else str(exc)
     return {"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
             "final_response": None, "turn_exit_reason": PERSISTENCE_FAILED,
             "failure_reason": f"{PERSISTENCE_FAILED}:{cause}",
-            "error": persistence_failure.describe(cause, detail, args.db)}
+            "error": persistence_failure.describe(cause, detail, where)}
 
 
 def _run_command(args: argparse.Namespace, db: SessionDB, agent: AIAgent) -> dict[str, Any]:
