@@ -49,7 +49,7 @@ def condense(report: dict[str, Any], argv: list[str]) -> dict[str, Any]:
         cases.append({"invariant": entry["invariant"], "class": violation.get("class"),
                       "message": violation.get("message", ""), "turns": entry["turns"], "calls": entry["calls"],
                       "kills": entry["kills"], "fault": entry["fault"], "rounds": rounds,
-                      "messages": [t["message"] for t in turns],
+                      "messages": [t["message"] for t in turns], "answers": [t["answer"] for t in turns],
                       "stream": entry["conversation"]["stream"], "features": entry["features"],
                       "budget_spent": entry["budget_spent"]})
     return {"target": opts["target"], "seed": opts["seed"], "runs": opts["runs"],
@@ -72,7 +72,9 @@ def render(store: dict[str, Any]) -> str:
     for case in store["shrunk"]:
         rounds = "; ".join(f"turn {i} {json.dumps(message, ensure_ascii=False)}: "
                            + (" / ".join(", ".join(step) for step in turn) or "no tools")
-                           for i, (message, turn) in enumerate(zip(case["messages"], case["rounds"])))
+                           + f", answer {json.dumps(answer, ensure_ascii=False)}"
+                           for i, (message, turn, answer) in enumerate(zip(case["messages"], case["rounds"],
+                                                                           case["answers"])))
         kill = f", killed at `{case['fault']}`" if case["fault"] else ", no kill"
         stream = " (streamed)" if case["stream"] else ""
         lines.append(f"| `{case['invariant']}` | {case['class'] or '-'} | {case['turns']} | {case['calls']} | "
