@@ -24,6 +24,28 @@ _INSERT_MESSAGE_SQL = (
     "tool_call_id, name, extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
+def live_message(row_id: int, turn_id: str | None, role: str, content: str | None, kind: str,
+                 tool_calls: str | None, tool_call_id: str | None, name: str | None,
+                 extra: str | None) -> dict[str, Any]:
+    """A live message dict from its stored columns (content as text), with the markers that tie it
+    to its row: how both engines load a session's active rows."""
+    msg: dict[str, Any] = json.loads(extra) if extra else {}
+    msg["role"] = role
+    msg["content"] = content if content is None or kind == "text" else json.loads(content)
+    if tool_calls:
+        calls = json.loads(tool_calls)
+        if calls:
+            msg["tool_calls"] = calls
+    if tool_call_id is not None:
+        msg["tool_call_id"] = tool_call_id
+    if name is not None:
+        msg["name"] = name
+    msg["_db_persisted"] = True
+    msg["_row_id"] = row_id
+    msg["_turn_id"] = turn_id
+    return msg
+
+
 def rewrites(pending: list[dict[str, Any]], find_target: Callable[[int], Any], decode: Callable[[Any, str], Any],
              repair: Callable[[int, Any], None]) -> tuple[list[Any], list[int]]:
     """What a flush does with each pending message, the rule both engines apply inside its
@@ -162,25 +184,7 @@ class Messages(Storage):
             rows = self._retry_busy(lambda: self._conn.execute(
                 "SELECT id, turn_id, role, content, content_kind, tool_calls, tool_call_id, name, extra "
                 "FROM messages WHERE session_id = ? AND active = 1 ORDER BY id", (session_id,)).fetchall())
-        loads = json.loads
-        out = []
-        for row_id, turn_id, role, content, kind, tool_calls, tool_call_id, name, extra in rows:
-            msg: dict[str, Any] = loads(extra) if extra else {}
-            msg["role"] = role
-            msg["content"] = content if content is None or kind == "text" else loads(content)
-            if tool_calls:
-                calls = loads(tool_calls)
-                if calls:
-                    msg["tool_calls"] = calls
-            if tool_call_id is not None:
-                msg["tool_call_id"] = tool_call_id
-            if name is not None:
-                msg["name"] = name
-            msg["_db_persisted"] = True
-            msg["_row_id"] = row_id
-            msg["_turn_id"] = turn_id
-            out.append(msg)
-        return out
+        return [live_message(*row) for row in rows]
 
     def _active_target(self, conn: sqlite3.Connection, session_id: str,
                        row_id: int) -> tuple[int, str | None, str, Any] | None:

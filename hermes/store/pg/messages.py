@@ -8,13 +8,12 @@ blank row, and compaction's archive (never a delete) are as in SQLite, statement
 """
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from typing import Any
 
 from hermes import probes
-from hermes.store.messages import Messages, rewrites
+from hermes.store.messages import Messages, live_message, rewrites
 from hermes.store.pg.connection import _READONLY_ERROR, PgStorage, to_bytes, to_text
 from hermes.store.pg.driver import psycopg
 
@@ -98,26 +97,8 @@ class PgMessages(PgStorage):
         _, rows = self._query(
             "SELECT id, turn_id, role, content, content_kind, tool_calls, tool_call_id, name, extra "
             "FROM messages WHERE session_id = %s AND active = 1 ORDER BY id", (session_id,))
-        loads = json.loads
-        out = []
-        for row_id, turn_id, role, content, kind, tool_calls, tool_call_id, name, extra in rows:
-            msg: dict[str, Any] = loads(extra) if extra else {}
-            msg["role"] = role
-            text = to_text(content)
-            msg["content"] = text if text is None or kind == "text" else loads(text)
-            if tool_calls:
-                calls = loads(tool_calls)
-                if calls:
-                    msg["tool_calls"] = calls
-            if tool_call_id is not None:
-                msg["tool_call_id"] = tool_call_id
-            if name is not None:
-                msg["name"] = name
-            msg["_db_persisted"] = True
-            msg["_row_id"] = row_id
-            msg["_turn_id"] = turn_id
-            out.append(msg)
-        return out
+        return [live_message(row_id, turn_id, role, to_text(content), *rest)
+                for row_id, turn_id, role, content, *rest in rows]
 
     def _active_target(self, cur: psycopg.Cursor[Any], session_id: str,
                        row_id: int) -> tuple[int, str | None, str, Any] | None:
