@@ -69,13 +69,14 @@ def _faults(text: str) -> tuple[str, ...]:
 
 def _add_chaos(commands: argparse._SubParsersAction) -> None:
     chaos = commands.add_parser("chaos", help="kill workers at every boundary and check the transcript")
-    chaos.add_argument("--mode", choices=MODES, default="exhaustive")
+    chaos.add_argument("--mode", choices=MODES, default="exhaustive",
+                       help="generated: conversations and kills drawn by Hypothesis (--seed, --runs)")
     chaos.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), default=None,
                        help="repeatable; default: all")
     chaos.add_argument("--jobs", type=positive_int, default=2)
     chaos.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N")
-    chaos.add_argument("--seed", type=int, default=0)
-    chaos.add_argument("--runs", type=positive_int, default=50)
+    chaos.add_argument("--seed", type=int, default=0, help="random and generated modes: case i follows from (seed, i)")
+    chaos.add_argument("--runs", type=positive_int, default=50, help="random and generated modes: how many cases")
     chaos.add_argument("--kill-mode", choices=("self", "external", "both"), default="self")
     chaos.add_argument("--probe", action="append", choices=POINTS, default=None,
                        help="only kill at this probe (repeatable); default: every probe")
