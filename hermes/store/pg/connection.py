@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, TypeVar
 from hermes import probes
 from hermes.ids import validate_session_id
 from hermes.store.connection import DEFAULT_BUSY_BUDGET_S, Storage
-from hermes.store.errors import StorageError
+from hermes.store.errors import LeaseLostError, StorageError
 from hermes.store.pg import failure, schema
 from hermes.store.pg.driver import pq, psycopg
 
@@ -72,6 +72,21 @@ def redact(url: str) -> str:
     if (netloc, query) == (parts.netloc, parts.query):
         return url
     return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """(`url` without its password, the password or None): a child process gets the URL on its command
+    line and the password in its environment (PGPASSWORD, which libpq reads), never in argv."""
+    parts = urllib.parse.urlsplit(url)
+    password = parts.password
+    pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    for key, value in pairs:
+        if key.lower() == "password":
+            password = value
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    netloc = f"{userinfo.split(':', 1)[0]}@{hostport}" if at else parts.netloc
+    query = urllib.parse.urlencode([(k, v) for k, v in pairs if k.lower() != "password"], safe="/")
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else ""), password
 
 
 def to_bytes(text: str | None) -> bytes | None:
@@ -118,6 +133,8 @@ class PgStorage:
         self._lock = threading.RLock()
         # session id -> fencing epoch this process holds; writes to those sessions check it.
         self._leases: dict[str, int] = {}
+        # session id -> the fleet claim (owner, epoch) this process works under (hermes.store.pg.claims).
+        self._claims: dict[str, tuple[str, int]] = {}
         self._closed = False
         self._conn: psycopg.Connection[Any] | None = None
         self._conn = self._open()
@@ -272,7 +289,21 @@ class PgStorage:
         held = self._leases.get(session_id)
         if held is not None and (row is None or row[0] != held):
             self._lease_lost(session_id, row, held)
+        self._check_claim(cur, session_id)
         return row
+
+    def _check_claim(self, cur: psycopg.Cursor[Any], session_id: str) -> None:
+        """The claim this process works under is still the session's (with the session's row locked:
+        whoever took the session over must lock that row to start writing, so it comes after us)."""
+        claim = self._claims.get(session_id)
+        if claim is None:
+            return
+        cur.execute("SELECT owner, epoch FROM session_claims WHERE session_id = %s", (session_id,))
+        row = cur.fetchone()
+        if row is None or (row[0], int(row[1])) != claim:
+            raise LeaseLostError(
+                f"lease lost: session {session_id!r} was claimed by {row[0] if row else 'nobody'} "
+                f"(epoch {row[1] if row else '?'}; ours {claim[0]}, epoch {claim[1]}); this process must stop writing")
 
     _lease_lost = staticmethod(Storage._lease_lost)
 
@@ -308,6 +339,9 @@ class PgStorage:
     def acquire_lease(self, session_id: str, owner: str) -> int:
         """Take over `session_id` with a new fencing epoch; older holders' writes then fail."""
         def bump(cur: psycopg.Cursor[Any]) -> int:
+            if session_id in self._claims:
+                cur.execute(_LOCK_SESSION_SQL, (session_id,))
+                self._check_claim(cur, session_id)
             cur.execute("UPDATE sessions SET lease_epoch = lease_epoch + 1, lease_owner = %s WHERE id = %s "
                         "RETURNING lease_epoch", (owner, session_id))
             row = cur.fetchone()

@@ -1,7 +1,8 @@
 """The tables of the PostgreSQL store, and the version stamped into them (table ``hermes_schema``).
 
 The same tables and columns as the SQLite schema (``hermes.store.schema``, version 2), with what
-PostgreSQL needs said differently:
+PostgreSQL needs said differently, and one table SQLite does not have (``session_claims``: a
+fleet of daemons shares a PostgreSQL store; one daemon serves one SQLite file):
 
 - ``messages.id`` and ``turns.seq`` are ``bigint GENERATED ALWAYS AS IDENTITY``: a sequence, whose
   values are unique and never reused, handed out in the order ``nextval`` is called, with gaps
@@ -28,10 +29,25 @@ from typing import Any
 
 from hermes.store.errors import SchemaTooNewError, StorageError
 
-PG_SCHEMA_VERSION = 1
+PG_SCHEMA_VERSION = 2
 
 # An arbitrary, fixed key for pg_advisory_xact_lock: "hermes" in ASCII.
 SCHEMA_LOCK_KEY = 0x6865726D6573
+
+# Version 2: the fleet's claims on sessions and its cancel requests (hermes.store.pg.claims). A
+# free claim has no owner and expires at -infinity; the server's clock is the only one that decides.
+CLAIMS = (
+    """CREATE TABLE session_claims (
+        session_id text PRIMARY KEY REFERENCES sessions(id),
+        owner      text,
+        epoch      bigint NOT NULL DEFAULT 0,
+        expires_at timestamptz NOT NULL DEFAULT '-infinity'
+    )""",
+    """CREATE TABLE turn_cancels (
+        turn_id      text PRIMARY KEY REFERENCES turns(id),
+        requested_at double precision NOT NULL
+    )""",
+)
 
 STATEMENTS = (
     """CREATE TABLE hermes_schema (
@@ -89,13 +105,15 @@ STATEMENTS = (
         dispatched_at   double precision NOT NULL,
         PRIMARY KEY (session_id, turn_id, tool_call_id, attempt)
     )""",
+    *CLAIMS,
 )
 
 # version -> the statements that bring a database of that version to the next one
-MIGRATIONS: dict[int, tuple[str, ...]] = {}
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: CLAIMS}
 
 # The tables of ours that tell a database holds (part of) a hermes schema.
-OUR_TABLES = ("hermes_schema", "sessions", "messages", "turns", "tool_dispatches")
+OUR_TABLES = ("hermes_schema", "sessions", "messages", "turns", "tool_dispatches", "session_claims",
+              "turn_cancels")
 
 
 def read_version(cur: Any) -> int | None:

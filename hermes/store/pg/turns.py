@@ -76,9 +76,13 @@ class PgTurns(PgMessages):
     def add_turn_attempt(self, turn_id: str, delta: int = 1) -> dict[str, Any] | None:
         """Count a worker start for an unfinished turn (`delta` -1 takes back one that never
         started); returns the turn row as it is now (None when the turn is unknown)."""
+        turn = self.get_turn(turn_id)
+        if turn is None:
+            return None
+        # Fenced like every write of its session: a daemon of a fleet counts only on a session it holds.
         self._execute_write(lambda cur: cur.execute(
             "UPDATE turns SET attempts = greatest(0, attempts + %s) WHERE id = %s "
-            "AND state IN ('queued', 'running')", (delta, turn_id)))
+            "AND state IN ('queued', 'running')", (delta, turn_id)), session_id=turn["session_id"])
         return self.get_turn(turn_id)
 
     def get_turn(self, turn_id: str) -> dict[str, Any] | None:
