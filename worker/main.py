@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         where.add_argument("--store", default=None, metavar="URL",
                            help="the session store on a PostgreSQL server, postgresql://... (our runtime only; "
                                 "needs --ledger and the postgres extra)")
+        sub.add_argument("--claim", default=None, type=claim_argument, metavar="EPOCH:OWNER",
+                         help="with --store: the fleet claim on the session this worker works under (given by "
+                              "the daemon that started it); every write checks it is still the session's")
         sub.add_argument("--session", required=True, type=session_id_argument, metavar="ID",
                          help="1-128 ASCII letters, digits, '.', '_', ':', '-', starting with a letter or digit")
         sub.add_argument("--base-url", default=None,
@@ -207,6 +210,7 @@ def _validate(args: argparse.Namespace) -> KillPlan | None:
         raise UsageError("--busy-budget, --timeout and --max-retries must not be negative")
     if args.max_model_calls is not None and args.max_model_calls < 1:
         raise UsageError("--max-model-calls must be at least 1")
+    _check_claim(args)
     if args.store is not None:
         _check_store(args)
     elif args.db.is_dir():
@@ -238,6 +242,14 @@ def _validate(args: argparse.Namespace) -> KillPlan | None:
     return plan
 
 
+def claim_argument(value: str) -> tuple[int, str]:
+    """`EPOCH:OWNER`, e.g. `3:host-a:4711:9f2c`: the owner is everything after the first colon."""
+    epoch, sep, owner = value.partition(":")
+    if not sep or not epoch.isdigit() or not owner:
+        raise argparse.ArgumentTypeError(f"{value!r} is not EPOCH:OWNER (an epoch number, a colon, an owner name)")
+    return int(epoch), owner
+
+
 def _check_store(args: argparse.Namespace) -> None:
     """`--store URL`: a PostgreSQL URL, for our runtime, with the files a database path would have
     located named outright (the effects ledger; the agent's home)."""
@@ -249,6 +261,11 @@ def _check_store(args: argparse.Namespace) -> None:
         raise UsageError(f"--store is for our runtime (--target hermes); {args.target} keeps its own store: --db PATH")
     if args.ledger is None or args.home is None:
         raise UsageError("--store needs --ledger PATH and --home DIR (with --db they default to files beside it)")
+
+
+def _check_claim(args: argparse.Namespace) -> None:
+    if args.claim is not None and args.store is None:
+        raise UsageError("--claim is a fleet claim on a PostgreSQL store: it needs --store URL")
 
 
 _NOISY = ("httpx", "httpx2", "openai", "httpcore")

@@ -6,17 +6,24 @@ and once no worker holds the turn and it heads its session, gives it up well-for
 that was dispatched gets a result saying its outcome is unknown, one that was not gets "not
 run". The requests live in `PATH.daemon.cancels` (0600, fsynced, replaced atomically), so a
 daemon killed between the request and its end still honours it on its next start.
+
+A fleet keeps its requests in the shared PostgreSQL store instead (`FleetCancelRequests`): any
+daemon takes a request, and whichever holds the turn's session carries it out, seeing it at its
+next pass (`refresh`).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Collection, Iterator
+from typing import TYPE_CHECKING, Collection, Iterator
 
 from hermes import private_files
 from hermes.outcomes import CANCELLED  # noqa: F401  (the error of a turn ended by a cancel request)
 from supervisor.daemon.inbox import cancels_path
 from supervisor.daemon.log import log
+
+if TYPE_CHECKING:
+    from hermes.store.pg.sessiondb import PgSessionDB
 
 
 class CancelRequests:
@@ -52,6 +59,9 @@ class CancelRequests:
             except OSError as exc:  # it only costs a look at an ended turn on the next start
                 log.error("could not rewrite the cancel requests: %s", exc)
 
+    def refresh(self) -> None:
+        """Requests made elsewhere since (a fleet's); this daemon's file has only its own."""
+
     def _save(self) -> None:
         private_files.replace_file_durably(self.path, json.dumps({"turns": self._turns}))
 
@@ -63,3 +73,29 @@ class CancelRequests:
 
     def __len__(self) -> int:
         return len(self._turns)
+
+
+class FleetCancelRequests(CancelRequests):
+    """The cancel requests of a fleet, in its PostgreSQL store (`turn_cancels`); cached per pass."""
+
+    def __init__(self, db: PgSessionDB) -> None:
+        self.db = db
+        self._turns = {}
+
+    def load(self, unfinished: Collection[str]) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        self._turns = self.db.cancel_requests()
+
+    def add(self, turn_id: str, session: str) -> bool:
+        added = self.db.request_cancel(turn_id)
+        self._turns[turn_id] = session
+        return added
+
+    def forget(self, turn_id: str) -> None:
+        if self._turns.pop(turn_id, None) is not None:
+            try:
+                self.db.forget_cancel(turn_id)
+            except Exception as exc:  # an ended turn's request is never looked at again
+                log.error("could not remove a carried-out cancel request: %s", exc)

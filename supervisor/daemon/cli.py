@@ -7,10 +7,16 @@
                              [--max-model-calls N] [--crash-limit K] [--backoff-base S] [--backoff-max S]
                              [--turn-timeout S] [--json-logs] [--log-file PATH] [--log-level LEVEL]
                              [--http HOST:PORT [--http-allow-remote]]
-    hermes-supervisor submit --db PATH [--create] --session ID [--turn-id ID] [--json]
+    hermes-supervisor serve  --store postgresql://... --home DIR [--claim-ttl S] [--ledger PATH] [...]
+    hermes-supervisor submit (--db PATH [--create] | --store URL) --session ID [--turn-id ID] [--json]
                              (--message-file PATH | --message-file - | - | TEXT)
-    hermes-supervisor status --db PATH [--session ID] [--json] [--wait [--timeout S]]
-    hermes-supervisor result --db PATH TURN [--wait] [--timeout S] [--json]
+    hermes-supervisor status (--db PATH | --store URL [--home DIR]) [--session ID] [--json] [--wait [--timeout S]]
+    hermes-supervisor result (--db PATH | --store URL) TURN [--wait] [--timeout S] [--json]
+
+`--store URL` (a postgresql:// URL; the `postgres` extra) is a fleet: any number of daemons serve
+one PostgreSQL store, each with its own `--home DIR` for its own files (supervisor.daemon.fleet).
+Keep a password out of the URL (argv is visible to every user): libpq reads PGPASSWORD, or
+~/.pgpass; a password given in the URL reaches the workers through their environment only.
 
 `serve` takes its settings from `--config FILE` (TOML, see supervisor.daemon.config) and
 its flags; a flag given wins over the file. Session and turn ids are checked with
@@ -28,7 +34,7 @@ turns nobody serves) unless given --create. The message is TEXT, or read from
 newlines are dropped.
 
 Exit status: serve 0 after a clean stop (SIGTERM/SIGINT), 1 if its --http address cannot be
-served, 2 if another daemon already serves the database (a usage error: restarting cannot
+served or its store cannot be opened now (a PostgreSQL server out of reach), 2 if another daemon already serves the database (a usage error: restarting cannot
 help, so systemd's RestartPreventExitStatus=2 stops there); submit 0; status 0, and with
 --wait 3 if no live daemon served the database within --timeout; result 0 done, 1 failed, 3
 not finished yet (without --wait, or the wait timed out), 4 no such turn; every command 2 on
@@ -78,7 +84,20 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument("--config", type=Path, default=None, metavar="FILE",
                        help="read the settings from this TOML file (keys as the flags, see README); flags win")
     serve.add_argument("--db", type=Path, default=None, metavar="PATH",
-                       help="the session database (created if missing); required here or in --config")
+                       help="the session database (created if missing); required here or in --config, "
+                            "unless --store")
+    serve.add_argument("--store", default=None, metavar="URL",
+                       help="serve a PostgreSQL store (postgresql://...) as one daemon of a fleet: every daemon "
+                            "given the same URL shares its inbox; needs --home and the postgres extra")
+    serve.add_argument("--home", type=Path, default=None, metavar="DIR",
+                       help="with --store: this daemon's own directory (lock, status and token files, the "
+                            "agent's files); created 0700. One daemon per home")
+    serve.add_argument("--claim-ttl", type=seconds, default=None, metavar="SECONDS",
+                       help="with --store: how long a daemon's claim on a session outlives its last renewal: "
+                            "how soon the others take over the turns of a daemon that died (default 10)")
+    serve.add_argument("--ledger", type=Path, default=None, metavar="PATH",
+                       help="the tools' effects ledger (default: beside the database, or in --home); daemons "
+                            "of a fleet on one host may share one")
     serve.add_argument("--workers", type=positive_int, default=None, metavar="N",
                        help="worker processes at once (default 4)")
     serve.add_argument("--base-url", default=None, metavar="URL",
@@ -131,7 +150,9 @@ def add_commands(subparsers: Any) -> None:
     serve.set_defaults(daemon_command="serve")
 
     submit = subparsers.add_parser("submit", help="queue a user turn; prints its turn id")
-    submit.add_argument("--db", type=Path, required=True, metavar="PATH",
+    submit_where = submit.add_mutually_exclusive_group(required=True)
+    submit_where.add_argument("--store", default=None, metavar="URL", help="a fleet's PostgreSQL store")
+    submit_where.add_argument("--db", type=Path, metavar="PATH",
                         help="the database the daemon serves; refused if missing, unless --create")
     submit.add_argument("--create", action="store_true", help="make the database if it does not exist yet")
     submit.add_argument("--session", required=True, type=session_id_argument, metavar="ID")
@@ -146,7 +167,11 @@ def add_commands(subparsers: Any) -> None:
     submit.set_defaults(daemon_command="submit")
 
     status = subparsers.add_parser("status", help="sessions, turns and live workers")
-    status.add_argument("--db", type=Path, required=True, metavar="PATH")
+    status_where = status.add_mutually_exclusive_group(required=True)
+    status_where.add_argument("--store", default=None, metavar="URL", help="a fleet's PostgreSQL store")
+    status_where.add_argument("--db", type=Path, metavar="PATH")
+    status.add_argument("--home", type=Path, default=None, metavar="DIR",
+                        help="with --store: also show the daemon whose home this is")
     status.add_argument("--session", default=None, type=session_id_argument, metavar="ID")
     status.add_argument("--json", action="store_true")
     status.add_argument("--wait", action="store_true",
@@ -157,7 +182,9 @@ def add_commands(subparsers: Any) -> None:
     status.set_defaults(daemon_command="status")
 
     result = subparsers.add_parser("result", help="print a turn's final answer")
-    result.add_argument("--db", type=Path, required=True, metavar="PATH")
+    result_where = result.add_mutually_exclusive_group(required=True)
+    result_where.add_argument("--store", default=None, metavar="URL", help="a fleet's PostgreSQL store")
+    result_where.add_argument("--db", type=Path, metavar="PATH")
     result.add_argument("turn", type=_turn_id, metavar="TURN", help="a turn id, as submit printed it")
     result.add_argument("--wait", action="store_true", help="wait until the turn ends")
     result.add_argument("--timeout", type=seconds, default=300.0, metavar="SECONDS",
@@ -315,17 +342,58 @@ def _check_http(config: Any, allow_remote: bool) -> None:
     config.http_allow_remote = allow_remote
 
 
+def _store_url(url: str) -> str:
+    """A `--store` value: a postgresql:// URL, with the driver it needs installed."""
+    from hermes.store.engines import is_postgres_url
+
+    if not is_postgres_url(url):
+        raise UsageError(f"--store takes a postgresql:// URL, not {url.split('://')[0]!r}... (a SQLite "
+                         "database is --db PATH)")
+    try:
+        import hermes.store.pg.sessiondb  # noqa: F401  (psycopg: the postgres extra)
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    return url
+
+
+def _serve_location(settings: dict[str, Any]) -> tuple[str | None, Path, Path | None]:
+    """(the fleet's store URL or None, the database file or the base of a fleet daemon's own files,
+    the effects ledger or None for its default)."""
+    ledger = settings.get("ledger")
+    if ledger is not None and not Path(ledger).parent.is_dir():
+        raise UsageError(f"--ledger {ledger}: directory {Path(ledger).parent} does not exist")
+    if settings.get("store") is None:
+        if settings.get("home") is not None or settings.get("claim_ttl") is not None:
+            raise UsageError("--home and --claim-ttl are for a fleet daemon: they go with --store URL")
+        if settings.get("db") is None:
+            raise UsageError("--db is required (or db in --config), or --store URL for a fleet")
+        return None, _writable_db(Path(settings["db"])), ledger
+    store = _store_url(settings["store"])
+    home = settings.get("home")
+    if home is None:
+        raise UsageError("--store needs --home DIR: this daemon's own files (lock, status, token) live there")
+    home = Path(home).absolute()
+    if home.exists() and not home.is_dir():
+        raise UsageError(f"--home {home} is not a directory")
+    from hermes import private_files
+
+    try:
+        private_files.make_private_dirs(home)
+    except OSError as exc:
+        raise UsageError(f"--home {home}: cannot create it ({exc.strerror or exc})") from None
+    return store, home / "fleet", ledger
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     from hermes.state import StorageError
     from supervisor.daemon.config import DaemonConfig
+    from supervisor.daemon.fleet import DEFAULT_CLAIM_TTL_S
     from supervisor.daemon.http import HttpStartError
     from supervisor.daemon.inbox import AlreadyRunning
     from supervisor.daemon.service import serve
 
     settings = _serve_settings(args)
-    if settings.get("db") is None:
-        raise UsageError("--db is required (or db in --config)")
-    db = _writable_db(Path(settings["db"]))
+    store, db, ledger = _serve_location(settings)
     base_url, model = settings.get("base_url"), settings.get("model")
     if (base_url is None) != (model is None):
         raise UsageError("--base-url and --model go together (without both, the built-in scripted model is used)")
@@ -352,7 +420,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     os.environ.setdefault("no_proxy", os.environ["NO_PROXY"])
     backoff_base = args.backoff_base if args.backoff_base is not None else 0.25
     backoff_max = args.backoff_max if args.backoff_max is not None else 30.0
-    config = DaemonConfig(db=db.absolute(), workers=settings.get("workers", 4), base_url=base_url, model=model,
+    config = DaemonConfig(db=db.absolute(), store=store, ledger=ledger,
+                          claim_ttl=settings.get("claim_ttl", DEFAULT_CLAIM_TTL_S), workers=settings.get("workers", 4), base_url=base_url, model=model,
                           drain_seconds=settings.get("drain_seconds", 30.0),
                           crash_limit=settings.get("crash_limit", 5),
                           max_attempts=settings.get("max_attempts", 10),
@@ -377,6 +446,9 @@ def _run_serve(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     except StorageError as exc:
         raise UsageError(str(exc)) from None
+    except sqlite3.Error as exc:  # the store cannot be reached now (a server down): a restart may help
+        print(f"{PROG}: error: cannot open the session store: {exc}".replace("\n", " "), file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _message(args: argparse.Namespace) -> str:
@@ -413,15 +485,20 @@ def _run_submit(args: argparse.Namespace) -> int:
     from hermes.state import StorageError
     from supervisor.daemon import inbox
 
-    db = _writable_db(args.db)
+    if args.store is not None:
+        if args.create:
+            raise UsageError("--create is for a SQLite --db: a PostgreSQL store is created by its first daemon")
+        where: str | Path = _store_url(args.store)
+    else:
+        where = db = _writable_db(args.db)
+        if not args.create and not db.exists():
+            raise UsageError(f"--db {db} does not exist: is it the database the daemon serves? "
+                             "(add --create to make a new one)")
     if not args.session.strip():
         raise UsageError("--session must not be empty")
-    if not args.create and not db.exists():
-        raise UsageError(f"--db {db} does not exist: is it the database the daemon serves? "
-                         "(add --create to make a new one)")
     text = _message(args)
     try:
-        turn_id, new = inbox.submit(db, args.session, text, args.turn_id)
+        turn_id, new = inbox.submit(where, args.session, text, args.turn_id)
     except (StorageError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     if args.json:
@@ -444,8 +521,13 @@ def _print_status(data: dict[str, Any]) -> None:
     if daemon.get("pid"):
         print(f"daemon: {daemon['state']} (pid {daemon['pid']}), {len(live)}/{daemon.get('workers_max', '?')} "
               f"workers busy, model {daemon.get('model')} at {daemon.get('base_url')}")
+    elif daemon.get("state") == "not asked":
+        print(f"store: {data['db']} (a fleet; --home DIR shows one of its daemons)")
     else:
         print("daemon: not running")
+    for claim in data.get("claims", []):
+        print(f"  session {claim['session_id']} claimed by {claim['owner']} (epoch {claim['epoch']}, "
+              f"{max(0.0, claim['expires_in']):.1f}s left)")
     if daemon.get("pid") and (daemon.get("http") or {}).get("url"):
         print(f"http API: {daemon['http']['url']}")
     for w in live:
@@ -478,7 +560,7 @@ def _wait_until_served(db: Path, timeout: float) -> None:
         raise UsageError(f"--db {db} is a directory, not a database file")
     deadline = time.monotonic() + timeout if timeout > 0 else None
     while True:
-        view = inbox.daemon_view(db) if db.exists() else None
+        view = inbox.daemon_view(db) if db.exists() or inbox.status_path(db).exists() else None
         if view is not None and view.get("alive") and view.get("state") == "running":
             return
         if deadline is not None and time.monotonic() >= deadline:
@@ -492,15 +574,25 @@ def _run_status(args: argparse.Namespace) -> int:
     from hermes.state import StorageError
     from supervisor.daemon import inbox
 
-    if args.wait:
-        _wait_until_served(args.db, args.timeout)
-    db = _existing_db(args.db)
+    if args.store is not None:
+        where: str | Path = _store_url(args.store)
+        files = Path(args.home).absolute() / "fleet" if args.home is not None else None
+        if args.wait:
+            if files is None:
+                raise UsageError("status --store --wait needs --home DIR: the daemon to wait for")
+            _wait_until_served(files, args.timeout)
+    else:
+        if args.home is not None:
+            raise UsageError("--home goes with --store (a SQLite daemon's files are beside its --db)")
+        if args.wait:
+            _wait_until_served(args.db, args.timeout)
+        where = files = _existing_db(args.db)
     try:
-        data = inbox.snapshot(db, args.session)
+        data = inbox.snapshot(where, args.session, files=files)
     except StorageError as exc:
         raise UsageError(str(exc)) from None
     except sqlite3.Error as exc:
-        raise UsageError(f"cannot read {db}: {exc}") from None
+        raise UsageError(f"cannot read {_shown(where)}: {exc}") from None
     if args.json:
         print(json.dumps(data, ensure_ascii=False, default=str))
     else:
@@ -508,18 +600,28 @@ def _run_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _shown(where: str | Path) -> str:
+    """A store's location as it may be printed: a URL without its password."""
+    if isinstance(where, Path):
+        return str(where)
+    from hermes.store.pg.connection import redact
+
+    return redact(where)
+
+
 def _run_result(args: argparse.Namespace) -> int:
-    from hermes.state import SessionDB, StorageError
+    from hermes.state import StorageError
+    from hermes.store.engines import open_store
     from supervisor.daemon import inbox
 
-    db_path = _existing_db(args.db)
+    db_path = _store_url(args.store) if args.store is not None else _existing_db(args.db)
     deadline = time.monotonic() + args.timeout if args.timeout > 0 else None
     try:
-        with SessionDB(db_path, readonly=True) as db:
+        with open_store(db_path, readonly=True) as db:
             while True:
                 turn = db.get_turn(args.turn)
                 if turn is None:
-                    print(f"{PROG}: error: no turn {args.turn!r} in {db_path}", file=sys.stderr)
+                    print(f"{PROG}: error: no turn {args.turn!r} in {_shown(db_path)}", file=sys.stderr)
                     return EXIT_UNKNOWN
                 if turn["state"] in ("done", "failed") or not args.wait:
                     break
@@ -530,7 +632,7 @@ def _run_result(args: argparse.Namespace) -> int:
     except StorageError as exc:
         raise UsageError(str(exc)) from None
     except sqlite3.Error as exc:
-        raise UsageError(f"cannot read {db_path}: {exc}") from None
+        raise UsageError(f"cannot read {_shown(db_path)}: {exc}") from None
     if args.json:
         print(json.dumps({"turn": turn["id"], "session": turn["session_id"], "state": turn["state"],
                           "answer": answer, "error": turn["error"]}, ensure_ascii=False))

@@ -1,6 +1,7 @@
 """`serve --config FILE`: the daemon's settings in a TOML file, checked before anything starts.
 
     db = "state.db"                        # relative paths are relative to the file's directory
+    # or, one daemon of a fleet: store = "postgresql://host/db" with home = "daemon-a" (claim_ttl = 10)
     base_url = "https://api.example.com/v1"
     model = "some-model"
     api_key_env = "EXAMPLE_API_KEY"        # or: api_key_file = "api.key" (mode 0600)
@@ -69,6 +70,16 @@ class DaemonConfig:
     api_key_file: Path | None = None     # or: the 0600 file each worker reads it from
     http: str | None = None              # "HOST:PORT" of the HTTP API (supervisor.daemon.http); None: off
     http_allow_remote: bool = False      # let `http` name a host that is not loopback
+    # A fleet (supervisor.daemon.fleet): the PostgreSQL store many daemons share. `db` is then not the
+    # store but the base name of this daemon's own files in its home directory (lock, status, token).
+    store: str | None = field(default=None, repr=False)  # may hold a password
+    claim_ttl: float = 10.0              # how long a claim on a session outlives its daemon's last renewal
+    ledger: Path | None = None           # the tools' effects ledger (default: beside `db`)
+
+    @property
+    def location(self) -> str | Path:
+        """Where the session store is: the PostgreSQL URL of a fleet, else the SQLite file."""
+        return self.store if self.store is not None else self.db
 
 
 class ConfigError(ValueError):
@@ -187,6 +198,10 @@ def _keys(base: Path) -> dict[str, tuple[str, Callable[[Any], Any]]]:
     path = _path(base)
     return {
         "db": ("db", path),
+        "store": ("store", _text),
+        "home": ("home", path),
+        "claim_ttl": ("claim_ttl", _seconds(positive=True)),
+        "ledger": ("ledger", path),
         "base_url": ("base_url", _url),
         "model": ("model", _text),
         "api_key_env": ("api_key_env", _env_name),
@@ -212,9 +227,9 @@ LIMITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "turn_timeout": ("turn_timeout", _seconds(positive=True)),
     "crash_limit": ("crash_limit", _whole(1)),
 }
-EXCLUSIVE = (("api_key_env", "api_key_file"), ("system_prompt", "system_prompt_file"))
+EXCLUSIVE = (("api_key_env", "api_key_file"), ("system_prompt", "system_prompt_file"), ("db", "store"))
 # every serve flag a key stands for (`http` is the HTTP API's own flag, when there is one)
-DESTS = ("db", "base_url", "model", "api_key_env", "api_key_file", "system_prompt", "system_prompt_file", "tools",
+DESTS = ("db", "store", "home", "claim_ttl", "ledger", "base_url", "model", "api_key_env", "api_key_file", "system_prompt", "system_prompt_file", "tools",
          "workers", "synchronous", "stream", "drain_seconds", "request_timeout", "log_file", "log_level", "json_logs",
          *(dest for dest, _ in LIMITS.values()))
 

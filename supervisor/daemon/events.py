@@ -32,11 +32,14 @@ What the feed shows, and what it never shows:
 
 `SessionFeed.poll` reads inside one read transaction, so a turn's end and the rows written
 in the same transaction (a given-up turn's closing tool results) are seen together.
+
+Either engine of the store: the feed reads through a sqlite3 or a psycopg connection, in the
+words of its `supervisor.daemon.reads.Dialect`. On PostgreSQL row ids come from a sequence, and a
+session's rows commit in id order (``hermes.store.pg.schema``), which is all the ids above need.
 """
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +47,7 @@ from typing import Any
 from hermes.compaction import SUMMARY_PREFIX
 from hermes.state import retry_on_busy
 from hermes.transcript import is_blank
+from supervisor.daemon.reads import SQLITE, Sql, dialect_of, sql
 
 ROW_SPAN = 1000
 END_SUB = 500                       # sub-ids END_SUB.. are turn ends; 1..END_SUB-1 tool calls
@@ -124,24 +128,46 @@ _BATCH_SQL = " UNION ALL ".join(
     f"WHERE session_id = ?1 AND active = {active} AND cloned_from IS NULL AND id >= ?2" for active in (0, 1)
 ) + " ORDER BY id LIMIT ?3"
 
+# PostgreSQL: psycopg receives a result whole before it hands over its first row, so the rows to
+# read are chosen first from their sizes (octet_length reads a stored value's length, not the
+# value); then those rows alone are read, contents and all. Each value of `active` is its own
+# ordered walk of the index, limited (PostgreSQL's planner would rather sort a big session's rows
+# than merge two walks), and the two short lists are merged.
+_PG_SIZES_SQL = " UNION ALL ".join(
+    "(SELECT id, coalesce(octet_length(content), 0) + coalesce(octet_length(tool_calls), 0) FROM messages "
+    f"WHERE session_id = %(session)s AND active = {active} AND cloned_from IS NULL AND id >= %(first)s "
+    "ORDER BY id LIMIT %(limit)s)" for active in (0, 1)
+) + " ORDER BY id LIMIT %(limit)s"
+_PG_ROWS_SQL = ("SELECT id, turn_id, role, content, content_kind, tool_calls, tool_call_id, name FROM messages "
+                "WHERE id = ANY(%s) ORDER BY id")
+
+_TURNS_AFTER_SQL = sql("SELECT {seq} AS seq, id, state, error FROM turns WHERE session_id = ? AND state IN "
+                       "('queued', 'running', 'done', 'failed') AND {seq} > ? ORDER BY {seq}")
+_TURNS_SQL = sql("SELECT {seq} AS seq, id, state, error FROM turns WHERE session_id = ? ORDER BY {seq}")
+_LAST_ROW_SQL = sql("SELECT max(id) FROM messages WHERE session_id = ? AND active IN (0, 1) "
+                    "AND turn_id = ? AND cloned_from IS NULL")
+_LAST_ROWS_SQL = sql("SELECT turn_id, max(id) FROM messages WHERE session_id = ? AND cloned_from IS NULL "
+                     "AND turn_id IS NOT NULL GROUP BY turn_id")
+
 
 class SessionFeed:
     """The events of one session after `after`, read incrementally through `conn`.
 
-    `conn` is a live read-only connection (``hermes.state.connect_readonly``) used by one
-    thread at a time; each `poll` is one read transaction on it.
+    `conn` is a live read-only connection (``hermes.state.connect_readonly``, or a psycopg one
+    to a PostgreSQL store) used by one thread at a time; each `poll` is one read transaction on it.
     """
 
-    def __init__(self, conn: sqlite3.Connection | None, session: str, after: int = 0, *, batch: int = 500,
+    def __init__(self, conn: Any, session: str, after: int = 0, *, batch: int = 500,
                  max_bytes: int | None = None) -> None:
         self.conn = conn                     # None: each `poll` is given the connection to read through
+        self.dialect = SQLITE if conn is None else dialect_of(conn)
         self.session = session
         self.cursor = max(0, int(after))     # the last event id delivered
         self.batch = max(2, batch)           # rows read per poll (the first may be the one the cursor is in)
         self.max_bytes = max_bytes           # about the most content a poll reads (None: no bound but `batch`)
-        self.watermark = 0                   # every turn with rowid <= this ended and its end was delivered
+        self.watermark = 0                   # every turn with seq <= this ended and its end was delivered
         self.loaded = False
-        self.anchors: dict[int, int] = {}    # turn rowid -> the anchor of its end (ended turns)
+        self.anchors: dict[int, int] = {}    # turn seq -> the anchor of its end (ended turns)
         self.per_anchor: Counter[int] = Counter()
         self.pending: dict[str, Event] = {}  # turn id -> its end event, not delivered yet
         self.assigned: set[str] = set()      # turn ids whose end has an id
@@ -149,24 +175,31 @@ class SessionFeed:
         self.held = False                    # a blank row is held back (see the module doc)
 
     # ---------------------------------------------------------------- reading
-    def _rows(self, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
-        cursor = self.conn.execute(sql, params)
-        names = [d[0] for d in cursor.description]
-        return [dict(zip(names, r)) for r in cursor.fetchall()]
+    def _rows(self, statement: Sql, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        return self.dialect.rows(self.conn, statement, params)
 
-    def poll(self, conn: sqlite3.Connection | None = None) -> list[Event]:
+    def poll(self, conn: Any = None) -> list[Event]:
         """The next events (at most about one batch of rows' worth), in id order; [] if none yet.
 
         `conn`: read through this connection from now on (a feed polled from a pool of reader
         threads, each with its own connection). One poll at a time per feed."""
         if conn is not None:
             self.conn = conn
+            self.dialect = dialect_of(conn)
         return retry_on_busy(self._poll, budget_s=5.0)
 
+    def _full(self, rows: int, size: int) -> bool:
+        """Whether a batch of `rows` rows holding `size` of content takes no more: past `batch` rows,
+        or `max_bytes` of content after at least two rows (the first maybe the cursor's)."""
+        return rows >= self.batch or (self.max_bytes is not None and rows >= 2 and size >= self.max_bytes)
+
     def _batch(self) -> tuple[list[dict[str, Any]], bool]:
-        """The rows of this poll, and whether rows after them exist. Stepped one row at a time: past
-        `batch` rows, or `max_bytes` of content (after at least two rows, the first maybe the cursor's),
-        the next row read only says that there is more."""
+        """The rows of this poll, and whether rows after them exist."""
+        return self._stepped_batch() if self.dialect.steps_rows else self._sized_batch()
+
+    def _stepped_batch(self) -> tuple[list[dict[str, Any]], bool]:
+        """(SQLite.) Stepped one row at a time: once the batch is full, the next row read only says
+        that there is more."""
         assert self.conn is not None
         cursor = self.conn.execute(_BATCH_SQL, (self.session, self.cursor // ROW_SPAN, self.batch + 1))
         names = [d[0] for d in cursor.description]
@@ -174,8 +207,7 @@ class SessionFeed:
         size = 0
         try:
             for values in cursor:
-                if len(rows) >= self.batch or (self.max_bytes is not None and len(rows) >= 2
-                                               and size >= self.max_bytes):
+                if self._full(len(rows), size):
                     return rows, True
                 row = dict(zip(names, values))
                 rows.append(row)
@@ -184,20 +216,34 @@ class SessionFeed:
             cursor.close()
         return rows, False
 
+    def _sized_batch(self) -> tuple[list[dict[str, Any]], bool]:
+        """(PostgreSQL.) The rows' sizes first, then the rows that fit (see `_PG_SIZES_SQL`)."""
+        sizes = self.conn.execute(_PG_SIZES_SQL, {"session": self.session, "first": self.cursor // ROW_SPAN,
+                                                  "limit": self.batch + 1}).fetchall()
+        kept, size = 0, 0
+        for _row_id, row_size in sizes:
+            if self._full(kept, size):
+                break
+            kept += 1
+            size += row_size
+        if not kept:
+            return [], False
+        cursor = self.conn.execute(_PG_ROWS_SQL, ([row_id for row_id, _ in sizes[:kept]],))
+        names = [d[0] for d in cursor.description]
+        rows = [dict(zip(names, values)) for values in cursor.fetchall()]
+        for row in rows:
+            row["content"] = self.dialect.text(row["content"])
+        return rows, kept < len(sizes)
+
     def _poll(self) -> list[Event]:
-        self.conn.execute("BEGIN")
-        try:
+        with self.dialect.reading(self.conn):
             if not self.loaded:
                 self._load()
             rows, more = self._batch()
-            turns = self._rows("SELECT rowid AS seq, id, state, error FROM turns WHERE session_id = ? AND state IN "
-                               "('queued', 'running', 'done', 'failed') AND rowid > ? ORDER BY rowid",
-                               (self.session, self.watermark))
+            turns = self._rows(_TURNS_AFTER_SQL, (self.session, self.watermark))
             for turn in turns:
                 if turn["state"] in ENDED and turn["id"] not in self.assigned:
                     self._assign(turn, self._last_row(turn["id"]))
-        finally:
-            self.conn.execute("COMMIT")
         open_turns = {t["id"] for t in turns if t["state"] not in ENDED}
         limit = None  # events from this id on must wait
         if more:
@@ -225,18 +271,14 @@ class SessionFeed:
         return out
 
     def _last_row(self, turn_id: str) -> int | None:
-        row = self.conn.execute("SELECT max(id) FROM messages WHERE session_id = ? AND active IN (0, 1) "
-                                "AND turn_id = ? AND cloned_from IS NULL", (self.session, turn_id)).fetchone()
+        row = self.dialect.execute(self.conn, _LAST_ROW_SQL, (self.session, turn_id)).fetchone()
         return row[0] if row else None
 
     def _load(self) -> None:
         """Give every turn of the session that already ended its end id (ids depend on the turns
         before), and take as delivered those at or before the cursor. One pass over the session."""
-        last_rows = dict(self.conn.execute(
-            "SELECT turn_id, max(id) FROM messages WHERE session_id = ? AND cloned_from IS NULL "
-            "AND turn_id IS NOT NULL GROUP BY turn_id", (self.session,)).fetchall())
-        turns = self._rows("SELECT rowid AS seq, id, state, error FROM turns WHERE session_id = ? ORDER BY rowid",
-                           (self.session,))
+        last_rows = dict(self.dialect.execute(self.conn, _LAST_ROWS_SQL, (self.session,)).fetchall())
+        turns = self._rows(_TURNS_SQL, (self.session,))
         prefix = True
         for turn in turns:
             ended = turn["state"] in ENDED
@@ -255,7 +297,8 @@ class SessionFeed:
         j = self.per_anchor[last_row]
         self.per_anchor[last_row] += 1
         kind = "turn_done" if turn["state"] == "done" else "turn_failed"
-        data = {"turn_id": turn["id"], "state": turn["state"], "error": turn["error"], "after_row": last_row}
+        data = {"turn_id": turn["id"], "state": turn["state"], "error": self.dialect.text(turn["error"]),
+                "after_row": last_row}
         event = Event(ROW_SPAN * last_row + END_SUB + min(j, ROW_SPAN - END_SUB - 1), kind, data)
         self.assigned.add(turn["id"])
         if event.id > self.cursor:

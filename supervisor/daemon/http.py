@@ -20,8 +20,14 @@ without asking). Reads go through read-only connections of a small pool of reade
 (`DB_READERS`), never on the event loop; a turn lookup reads that turn's rows only. Writes
 take the daemon's own paths: a turn is queued by `inbox.submit` (the `submit` command's
 transaction), a cancel is carried out by the daemon's loop (`Daemon.request_cancel`). The
-event stream is `supervisor.daemon.events`: only what is durable, woken by `PRAGMA
-data_version` (polled every `POLL_SECONDS`).
+event stream is `supervisor.daemon.events`: only what is durable, woken by
+`supervisor.daemon.watch` (looked at every `POLL_SECONDS`).
+
+The store is a SQLite file or a PostgreSQL database (`daemon.store`, a path or a
+``postgresql://`` URL); what differs between them is `supervisor.daemon.reads`. On PostgreSQL a
+read that fails is answered 503 (and an event stream ends: its client resumes with
+`Last-Event-ID`), and a connection the failure broke (the server restarted) is dropped: the next
+read connects again. The daemon's own files (the token) are named after `daemon.db_path` on either.
 
 Hostile clients cost bounded resources:
 
@@ -73,12 +79,15 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from hermes.ids import validate_session_id
 from hermes.private_files import replace_file_durably
-from hermes.state import StorageError, connect_readonly
+from hermes.state import StorageError
+from hermes.store.engines import is_postgres_url
 from hermes.transcript import is_final_answer
 from supervisor.daemon import inbox
 from supervisor.daemon.events import SessionFeed
 from supervisor.daemon.log import info, log, warn
 from supervisor.daemon.metrics import HttpGauges
+from supervisor.daemon.reads import dialect_of, read_store, sql
+from supervisor.daemon.watch import SAME, Changes, ChangeWatcher
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -88,7 +97,8 @@ if TYPE_CHECKING:
 
 MODULES = ("starlette", "uvicorn", "prometheus_client")
 INSTALL_HINT = "pip install '.[http]'"
-POLL_SECONDS = 0.02          # how often the database's data_version is looked at
+POLL_SECONDS = 0.02          # how often the watcher looks for changes (supervisor.daemon.watch)
+WATCH_RETRY_SECONDS = 1.0    # the most a watcher that keeps failing waits before it tries again
 KEEPALIVE_SECONDS = 15.0     # a comment line on an idle event stream
 MAX_BODY = 1 << 20           # bytes of a request body
 CANCEL_TIMEOUT = 30.0        # seconds the daemon's loop has to take a cancel request
@@ -328,75 +338,6 @@ class StreamState:
         self.sent = 0
 
 
-class Changes:
-    """Per session, an asyncio.Event that is set (and replaced) at the session's next change;
-    `current(ANY)` at any change. Used in the server's event loop only."""
-
-    ANY = ""  # never a session id
-
-    def __init__(self) -> None:
-        self._events: dict[str, asyncio.Event] = {}
-
-    def current(self, session: str) -> asyncio.Event:
-        return self._events.setdefault(session, asyncio.Event())
-
-    def sessions(self) -> list[str]:
-        """The sessions a stream waits on now."""
-        return [s for s in self._events if s != self.ANY]
-
-    def bump(self, sessions: set[str] | None = None) -> None:
-        """Wake the streams of `sessions` (None: all) and those waiting on any change."""
-        for key in list(self._events) if sessions is None else [*sessions, self.ANY]:
-            event = self._events.pop(key, None)
-            if event is not None:
-                event.set()
-
-
-class Watcher:
-    """Which sessions changed since it last looked: new message rows, new turns, or a turn of a
-    watched session that left 'queued'/'running' (it ended). One read transaction per look, a
-    few index seeks, instead of every stream reading its session at every commit."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-        self.max_row: int | None = None
-        self.max_turn = 0
-        self.unfinished: dict[str, set[str]] = {}
-
-    def look(self, watched: list[str]) -> set[str] | None:
-        """The changed sessions among all; None the first time (everything may have changed)."""
-        conn = self.conn
-        conn.execute("BEGIN")
-        try:
-            if self.max_row is None:
-                changed = None
-                self.max_row = conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
-                self.max_turn = conn.execute("SELECT coalesce(max(rowid), 0) FROM turns").fetchone()[0]
-            else:
-                changed = set()
-                for session, top in conn.execute("SELECT session_id, max(id) FROM messages WHERE id > ? "
-                                                 "GROUP BY session_id", (self.max_row,)).fetchall():
-                    changed.add(session)
-                    self.max_row = max(self.max_row, top)
-                for session, top in conn.execute("SELECT session_id, max(rowid) FROM turns WHERE rowid > ? "
-                                                 "GROUP BY session_id", (self.max_turn,)).fetchall():
-                    changed.add(session)
-                    self.max_turn = max(self.max_turn, top)
-            unfinished: dict[str, set[str]] = {}
-            for start in range(0, len(watched), 500):
-                chunk = watched[start:start + 500]
-                for session, turn_id in conn.execute(
-                        f"SELECT session_id, id FROM turns WHERE session_id IN ({', '.join('?' * len(chunk))}) "
-                        "AND state IN ('queued', 'running')", chunk).fetchall():
-                    unfinished.setdefault(session, set()).add(turn_id)
-        finally:
-            conn.execute("COMMIT")
-        if changed is not None:
-            changed.update(s for s in watched if self.unfinished.get(s) != unfinished.get(s, set()))
-        self.unfinished = {s: unfinished.get(s, set()) for s in watched}
-        return changed
-
-
 # --------------------------------------------------------------- the server
 class HttpApi:
     """The app, the uvicorn server and its thread, for one daemon."""
@@ -416,7 +357,11 @@ class HttpApi:
         self.streams = 0
         self.stream_states: set[StreamState] = set()  # the open event streams (the server's loop only)
         self.changes: Changes | None = None
-        self.conn: sqlite3.Connection | None = None   # the watcher's reads (its own thread)
+        store = getattr(daemon, "store", None)
+        # Where the sessions are: a PostgreSQL URL, or else the SQLite file that `db_path` is.
+        self.store: Path | str = str(store) if store is not None and is_postgres_url(store) else self.db_path
+        self.reads = read_store(self.store)
+        self.watcher: ChangeWatcher | None = None     # which sessions changed (its own thread)
         self.registry: Any = None
         self.gauges = HttpGauges()  # the HTTP API's state at the last scrape of /metrics
         workers = getattr(getattr(daemon, "config", None), "workers", 4)
@@ -426,10 +371,11 @@ class HttpApi:
         self.protocols: set[Any] = set()                          # open connections (the server's loop only)
         self.heads: OrderedDict[Any, None] = OrderedDict()        # those waiting for a request head, oldest first
         self.rate = RateLog()
+        self.watch_log = RateLog()  # the watcher's failures (not a limit: not in `rate`'s counts, which /metrics shows)
         self.readers: ThreadPoolExecutor | None = None            # database reads, off the event loop
         self.watching: ThreadPoolExecutor | None = None           # the watcher's reads
         self._local = threading.local()
-        self._reader_conns: list[sqlite3.Connection] = []
+        self._reader_conns: list[Any] = []
         self._reader_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -518,7 +464,7 @@ class HttpApi:
         self.loop = asyncio.get_running_loop()
         self.loop.set_exception_handler(self._loop_exception)
         self.changes = Changes()
-        self.conn = connect_readonly(self.db_path)
+        self.watcher = self.reads.watcher()
         self.readers = ThreadPoolExecutor(DB_READERS, thread_name_prefix="http-db")
         self.watching = ThreadPoolExecutor(1, thread_name_prefix="http-watch")
         self.registry = build_registry(self._turn_counts, self.daemon, lambda: self.gauges)
@@ -532,7 +478,7 @@ class HttpApi:
                 await watcher
             self.watching.shutdown(wait=True)  # a read in flight ends before its connection closes
             self.readers.shutdown(wait=True, cancel_futures=True)
-            self.conn.close()
+            self.watcher.close()
             with self._reader_lock:
                 conns, self._reader_conns = self._reader_conns, []
             for conn in conns:
@@ -570,42 +516,68 @@ class HttpApi:
         return "drop"
 
     async def _watch(self) -> None:
-        """Wake the streams of the sessions that changed whenever another connection committed
-        (`PRAGMA data_version` changed). The reads run in a thread of their own."""
-        assert self.conn is not None and self.changes is not None
-        watcher = Watcher(self.conn)
-        seen: list[Any] = [None]  # the data_version last looked at
+        """Wake the streams of the sessions that changed (`supervisor.daemon.watch`). The reads run
+        in a thread of their own. A look that fails wakes every stream (each reads, and one whose
+        read fails ends); the watcher then starts afresh, after a pause that grows while it fails
+        (a PostgreSQL server that is restarting is not asked fifty times a second)."""
+        assert self.watcher is not None and self.changes is not None
+        watcher = self.watcher
         loop = asyncio.get_running_loop()
+        pause = POLL_SECONDS
         while True:
             try:
-                changed = await loop.run_in_executor(self.watching, _look, watcher, seen, self.changes.sessions())
-                if changed is not _SAME:
+                changed = await loop.run_in_executor(self.watching, watcher.look, self.changes.sessions())
+                if changed is not SAME:
                     self.changes.bump(changed)
-            except sqlite3.Error as exc:
-                warn("the HTTP API could not look for changes; waking every stream", error=str(exc))
-                seen[0] = None
+                pause = POLL_SECONDS
+            except (sqlite3.Error, StorageError, *self.reads.errors) as exc:
+                self.watch_log.note("watch", "the HTTP API could not look for changes; waking every stream",
+                                    error=str(exc))
+                await loop.run_in_executor(self.watching, watcher.reset)
                 self.changes.bump()
-            await asyncio.sleep(POLL_SECONDS)
+                pause = min(max(pause, POLL_SECONDS) * 2, WATCH_RETRY_SECONDS)
+            await asyncio.sleep(pause)
 
-    def _reader_conn(self) -> sqlite3.Connection:
-        """(A reader thread.) Its read-only connection, opened at its first read."""
+    def _reader_conn(self) -> Any:
+        """(A reader thread.) Its read-only connection, opened at its first read (and again after one was lost)."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = connect_readonly(self.db_path)
+            conn = self.reads.connect()
             self._local.conn = conn
             with self._reader_lock:
                 self._reader_conns.append(conn)
         return conn
 
+    def _drop_reader_conn(self) -> None:
+        """(A reader thread.) Forget its connection, which a failure broke: the next read connects again."""
+        conn, self._local.conn = getattr(self._local, "conn", None), None
+        if conn is not None:
+            with self._reader_lock:
+                self._reader_conns = [c for c in self._reader_conns if c is not conn]
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _in_reader(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """(A reader thread.) `fn(conn, *args)`; a driver error of PostgreSQL's as the StorageError to answer."""
+        conn = None
+        try:
+            conn = self._reader_conn()
+            return fn(conn, *args)
+        except self.reads.errors as exc:  # () on SQLite: its errors are answered as they are
+            error = self.reads.failure(exc, conn)
+            if getattr(error, "lost", False):
+                self._drop_reader_conn()
+            raise error from exc
+
     async def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(conn, *args)` in a reader thread, through that thread's read-only connection."""
         assert self.readers is not None
-        return await asyncio.get_running_loop().run_in_executor(
-            self.readers, lambda: fn(self._reader_conn(), *args))
+        return await asyncio.get_running_loop().run_in_executor(self.readers, self._in_reader, fn, args)
 
     def _turn_counts(self) -> dict[str, int]:
         """(A reader thread: the registry is collected in one, see `metrics`.)"""
-        return dict(self._reader_conn().execute("SELECT state, count(*) FROM turns GROUP BY state").fetchall())
+        conn = self._reader_conn()
+        return dict(dialect_of(conn).execute(conn, _TURN_COUNTS_SQL).fetchall())
 
     # ------------------------------------------------------------------ app
     def app(self) -> Any:
@@ -650,7 +622,7 @@ class HttpApi:
         """Why a request with this Authorization header is refused (None: it is not)."""
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            return "missing Authorization: Bearer <token> (the token is in the database's .token file)"
+            return "missing Authorization: Bearer <token> (the token is in the daemon's .token file)"
         if not hmac.compare_digest(given.strip().encode("utf-8", "replace"), self.token.encode("ascii")):
             return "wrong token"
         return None
@@ -681,7 +653,7 @@ class HttpApi:
         if turn_id is not None:
             check_turn_id(turn_id)
         try:
-            turn_id, new = await run_in_threadpool(inbox.submit, self.db_path, session, message, turn_id)
+            turn_id, new = await run_in_threadpool(inbox.submit, self.store, session, message, turn_id)
         except ValueError as exc:  # the turn id was used by another submission
             raise ApiError(409, str(exc)) from None
         self.daemon.wake()
@@ -771,8 +743,13 @@ class HttpApi:
                 state.held += sum(len(text) for text in texts if text is not None)
                 if self.daemon.config.synchronous != "FULL":
                     # Below FULL a commit is visible before it is durable; what a client receives
-                    # must never be taken back by a power cut, so the WAL holding it is synced first.
-                    await asyncio.to_thread(sync_wal, self.daemon.db_path)
+                    # must never be taken back by a power cut, so the WAL holding it is made durable first.
+                    try:
+                        await self.reads.settle(self._read)
+                    except (sqlite3.Error, StorageError, OSError) as exc:
+                        warn("an event stream could not make what it read durable; closing it",
+                             session=feed.session, error=str(exc))
+                        return
                 chunk: list[str] = []
                 size = 0
                 for index in range(len(texts)):
@@ -800,51 +777,43 @@ class HttpApi:
                                        KEEPALIVE_SECONDS - idle)
 
 
-_SAME = object()  # the watcher's look: nothing was committed since the last
-
-
-def _look(watcher: Watcher, seen: list[Any], sessions: list[str]) -> Any:
-    """(The watcher's thread.) The sessions changed since the last look (None: maybe all), or _SAME."""
-    now = watcher.conn.execute("PRAGMA data_version").fetchone()[0]
-    if now == seen[0]:
-        return _SAME
-    seen[0] = now
-    return watcher.look(sessions)
-
-
-def _poll(conn: sqlite3.Connection, feed: SessionFeed) -> list[str | None]:
+def _poll(conn: Any, feed: SessionFeed) -> list[str | None]:
     """(A reader thread.) The stream's next events as text: encoded here, not on the server's loop."""
     return [event.encode() for event in feed.poll(conn)]
 
 
-def turn_view(conn: sqlite3.Connection, turn_id: str) -> dict[str, Any] | None:
+_TURN_SQL = sql("SELECT id, session_id, state, error FROM turns WHERE id = ?")
+_ANSWER_IDS_SQL = sql("SELECT id FROM messages WHERE session_id = ? AND turn_id = ? AND role = 'assistant' "
+                      "ORDER BY id DESC")
+_ANSWER_SQL = sql("SELECT content, content_kind, tool_calls, cloned_from FROM messages WHERE id = ?")
+_TURN_LIST_SQL = sql("SELECT {seq}, id, state, created_at, started_at, ended_at, attempts, error FROM turns "
+                     "WHERE session_id = ? AND {seq} > ? ORDER BY {seq} LIMIT ?")
+_ANY_TURN_SQL = sql("SELECT 1 FROM turns WHERE session_id = ? LIMIT 1")
+_TURN_COUNTS_SQL = sql("SELECT state, count(*) FROM turns GROUP BY state")
+
+
+def turn_view(conn: Any, turn_id: str) -> dict[str, Any] | None:
     """GET /v1/turns/{id}: the turn's row and, once done, its final answer (its last original
     assistant row with text and no tool calls), reading that turn's rows only. Its session's
     other rows are passed over by their (small) leading columns; their contents are never read."""
-    conn.execute("BEGIN")
-    try:
-        row = conn.execute("SELECT id, session_id, state, error FROM turns WHERE id = ?", (turn_id,)).fetchone()
+    d = dialect_of(conn)
+    with d.reading(conn):
+        row = d.execute(conn, _TURN_SQL, (turn_id,)).fetchone()
         if row is None:
             return None
         answer = None
         if row[2] == "done":
-            ids = [r[0] for r in conn.execute(
-                "SELECT id FROM messages WHERE session_id = ? AND turn_id = ? AND role = 'assistant' "
-                "ORDER BY id DESC", (row[1], turn_id)).fetchall()]
+            ids = [r[0] for r in d.execute(conn, _ANSWER_IDS_SQL, (row[1], turn_id)).fetchall()]
             for message_id in ids:
-                content, kind, calls, cloned = conn.execute(
-                    "SELECT content, content_kind, tool_calls, cloned_from FROM messages WHERE id = ?",
-                    (message_id,)).fetchone()
+                content, kind, calls, cloned = d.execute(conn, _ANSWER_SQL, (message_id,)).fetchone()
                 if cloned is not None:
                     continue
-                message = {"role": "assistant", "content": _content(content, kind),
+                message = {"role": "assistant", "content": _content(d.text(content), kind),
                            "tool_calls": json.loads(calls) if calls else None}
                 if is_final_answer(message):
                     answer = message["content"]
                     break
-    finally:
-        conn.execute("COMMIT")
-    return {"turn_id": row[0], "session": row[1], "state": row[2], "answer": answer, "error": row[3]}
+    return {"turn_id": row[0], "session": row[1], "state": row[2], "answer": answer, "error": d.text(row[3])}
 
 
 def _content(text: str | None, kind: str) -> Any:
@@ -856,21 +825,19 @@ def _content(text: str | None, kind: str) -> Any:
         return text
 
 
-def list_turns(conn: sqlite3.Connection, session: str, after: int, limit: int
-               ) -> tuple[list[dict[str, Any]], bool] | None:
-    """A session's turns after `after` (their rowid, "seq"), in submission order: (at most `limit`,
-    whether there are more), or None when the session has no turn at all."""
-    conn.execute("BEGIN")
-    try:
-        rows = conn.execute(
-            "SELECT rowid, id, state, created_at, started_at, ended_at, attempts, error FROM turns "
-            "WHERE session_id = ? AND rowid > ? ORDER BY rowid LIMIT ?", (session, after, limit + 1)).fetchall()
-        if not rows and conn.execute("SELECT 1 FROM turns WHERE session_id = ? LIMIT 1", (session,)).fetchone() is None:
+def list_turns(conn: Any, session: str, after: int, limit: int) -> tuple[list[dict[str, Any]], bool] | None:
+    """A session's turns after `after` (their submission order, "seq": SQLite's rowid), in that order:
+    (at most `limit`, whether there are more), or None when the session has no turn at all."""
+    d = dialect_of(conn)
+    with d.reading(conn):
+        rows = d.execute(conn, _TURN_LIST_SQL, (session, after, limit + 1)).fetchall()
+        if not rows and d.execute(conn, _ANY_TURN_SQL, (session,)).fetchone() is None:
             return None
-    finally:
-        conn.execute("COMMIT")
     names = ("seq", "turn_id", "state", "created_at", "started_at", "ended_at", "attempts", "error")
-    return [dict(zip(names, r)) for r in rows[:limit]], len(rows) > limit
+    turns = [dict(zip(names, r)) for r in rows[:limit]]
+    for turn in turns:
+        turn["error"] = d.text(turn["error"])
+    return turns, len(rows) > limit
 
 
 class _Auth:
@@ -1001,19 +968,6 @@ def _protocol_class(api: HttpApi) -> type:
             self.transport.close()
 
     return GuardedH11
-
-
-def sync_wal(db_path: Path) -> None:
-    """fsync the database's WAL: every frame committed to it so far, by any process, becomes durable
-    (frames already checkpointed into the database file were synced by the checkpoint)."""
-    try:
-        fd = os.open(f"{db_path}-wal", os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return  # no WAL: everything committed is in the database file, synced when it got there
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def serve_api(daemon: Daemon, listen: str, allow_remote: bool) -> HttpApi:

@@ -21,8 +21,11 @@ Next to the database the daemon keeps two small private files:
                        text, so that no command line carries it; removed when the
                        worker exits, emptied when a daemon starts or stops.
 
-Everything here only reads, except `submit` (one BEGIN IMMEDIATE transaction),
-`acquire_lock` and `write_status` (the daemon's own files).
+Everything here only reads, except `submit` (one write transaction), `acquire_lock` and
+`write_status` (the daemon's own files).
+
+In a fleet (a PostgreSQL store, supervisor.daemon.fleet) the inbox is that store's `turns` table,
+and PATH is not a database but the base name of one daemon's files in its home directory.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import psutil
 
 from hermes import private_files
 from hermes.state import SessionDB
+from hermes.store.engines import open_store
 from hermes.transcript import is_final_answer
 
 
@@ -84,10 +88,11 @@ def new_turn_id() -> str:
     return f"turn-{uuid.uuid4().hex[:16]}"
 
 
-def submit(db_path: Path, session_id: str, text: str, turn_id: str | None = None) -> tuple[str, bool]:
-    """Queue `text` as the next user turn of `session_id`; returns (turn id, newly queued)."""
+def submit(location: Path | str, session_id: str, text: str, turn_id: str | None = None) -> tuple[str, bool]:
+    """Queue `text` as the next user turn of `session_id` in the store at `location` (a SQLite file or a
+    fleet's PostgreSQL URL); returns (turn id, newly queued)."""
     turn_id = turn_id or new_turn_id()
-    with SessionDB(db_path) as db:
+    with open_store(location) as db:
         return turn_id, db.submit_turn(session_id, turn_id, text)
 
 
@@ -157,13 +162,21 @@ def daemon_view(db_path: Path) -> dict[str, Any]:
     return {**status, "state": state, "alive": alive, "workers": workers, "http": http}
 
 
-def snapshot(db_path: Path, session_id: str | None = None) -> dict[str, Any]:
-    """Sessions and their turns with state, attempts and last error, plus the daemon and its workers."""
-    daemon = daemon_view(db_path)
+def snapshot(location: Path | str, session_id: str | None = None, *, files: Path | None = None
+             ) -> dict[str, Any]:
+    """Sessions and their turns with state, attempts and last error, plus the daemon and its workers.
+
+    `location`: the store (a SQLite file, or a fleet's PostgreSQL URL); `files`: the base of the
+    daemon's own files (for SQLite, the database itself; in a fleet, one daemon's, or None)."""
+    on_file = isinstance(location, Path)
+    daemon = daemon_view(files) if files is not None else {"state": "not asked", "pid": None, "workers": []}
     bookkeeping = daemon.pop("turns", {}) or {}
     sessions: dict[str, dict[str, Any]] = {}
-    if db_path.exists():
-        with SessionDB(db_path, readonly=True) as db:
+    claims: list[dict[str, Any]] = []
+    if not on_file or Path(location).exists():
+        with open_store(location, readonly=True) as db:
+            if not on_file:
+                claims = db.list_claims()
             for session in db.list_sessions():
                 if session_id is None or session["id"] == session_id:
                     sessions[session["id"]] = {"id": session["id"], "turns": []}
@@ -176,8 +189,14 @@ def snapshot(db_path: Path, session_id: str | None = None) -> dict[str, Any]:
                          "error": turn["error"] or (notes.get("last_error") if turn["state"] != "done" else None),
                          "submitted_at": turn["created_at"], "ended_at": turn["ended_at"]}
                 sessions.setdefault(turn["session_id"], {"id": turn["session_id"], "turns": []})["turns"].append(entry)
+            shown = str(location) if on_file else db.location
+    else:
+        shown = str(location)
     counts: dict[str, int] = {}
     for session in sessions.values():
         for turn in session["turns"]:
             counts[turn["state"]] = counts.get(turn["state"], 0) + 1
-    return {"db": str(db_path), "daemon": daemon, "counts": counts, "sessions": list(sessions.values())}
+    out = {"db": shown, "daemon": daemon, "counts": counts, "sessions": list(sessions.values())}
+    if not on_file:
+        out["claims"] = [c for c in claims if session_id is None or c["session_id"] == session_id]
+    return out

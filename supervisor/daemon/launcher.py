@@ -47,6 +47,12 @@ class Launcher:
         env: dict[str, str] = {}
         if self.config.api_key:
             env["OPENAI_API_KEY"] = self.config.api_key  # in the environment, never on a command line
+        if self.config.store is not None:
+            from hermes.store.pg.connection import split_password
+
+            _url, password = split_password(self.config.store)
+            if password is not None:
+                env["PGPASSWORD"] = password  # libpq reads it; a command line is visible to every user
         if self.config.import_paths:
             env["PYTHONPATH"] = os.pathsep.join([*self.config.import_paths,
                                                  *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -62,11 +68,21 @@ class Launcher:
     def message_file(self, incarnation: int) -> Path:
         return self.messages_dir / f"worker-{incarnation}.msg"
 
-    def argv(self, session: str, turn_id: str, message_file: Path) -> list[str]:
+    def argv(self, session: str, turn_id: str, message_file: Path, claim: str | None = None) -> list[str]:
+        """The worker's command for `turn_id`; `claim`: the fleet claim it works under (`--claim`)."""
         config = self.config
-        argv = ["run", f"--db={self.db_path}", f"--session={session}", f"--base-url={self.base_url}",
+        ledger = config.ledger or inbox.ledger_path(self.db_path)
+        if config.store is not None:
+            from hermes.store.pg.connection import split_password
+
+            where = [f"--store={split_password(config.store)[0]}", f"--home={self.db_path.parent / 'agent'}"]
+            if claim is not None:
+                where.append(f"--claim={claim}")
+        else:
+            where = [f"--db={self.db_path}"]
+        argv = ["run", *where, f"--session={session}", f"--base-url={self.base_url}",
                 f"--model={self.model}", f"--tools={self.tools}", f"--synchronous={config.synchronous}",
-                f"--ledger={inbox.ledger_path(self.db_path)}", f"--timeout={config.request_timeout}",
+                f"--ledger={ledger}", f"--timeout={config.request_timeout}",
                 f"--max-model-calls={config.max_model_calls}", f"--turn-id={turn_id}",
                 f"--message-file={message_file}"]
         if config.stream:

@@ -70,7 +70,8 @@ class Leasing:
     def give_up_cancelled(self) -> None:
         """End every cancelled turn that heads its session and has no worker."""
         for turn in inbox.session_heads(self.daemon.db):
-            if turn["id"] in self.daemon.cancels and turn["session_id"] not in self.leases:
+            if (turn["id"] in self.daemon.cancels and turn["session_id"] not in self.leases
+                    and self.holds(turn["session_id"])):
                 notes = self.daemon.restarts.notes_for(turn["id"])
                 notes.give_up = CANCELLED
                 self.give_up(turn["id"], turn["session_id"], notes)
@@ -105,17 +106,25 @@ class Leasing:
 
     # -------------------------------------------------------------- leasing
     def lease(self) -> None:
+        fleet = self.daemon.fleet
+        if fleet is not None:
+            self.keep_claims()
+        self.daemon.cancels.refresh()  # a fleet's requests, taken by any of its daemons
         if self.daemon.cancels:
+            self.enforce_cancels()
             self.give_up_cancelled()
-        if len(self.leases) >= self.daemon.config.workers:
+        if fleet is not None:  # take free sessions up to the workers this daemon may run
+            fleet.claim(self.daemon.config.workers - len(fleet.held), skip=set())
+        if len(self.leases) >= self.daemon.config.workers and fleet is None:
             return
         now = time.monotonic()
-        for turn in inbox.session_heads(self.daemon.db):
+        heads = inbox.session_heads(self.daemon.db)
+        for turn in heads:
             if len(self.leases) >= self.daemon.config.workers:
                 break
             session = turn["session_id"]
             if (session in self.leases or self.daemon.restarts.waiting(session, now)
-                    or turn["id"] in self.daemon.cancels):
+                    or turn["id"] in self.daemon.cancels or not self.holds(session)):
                 continue
             notes = self.daemon.restarts.notes_for(turn["id"])
             if notes.give_up is None:
@@ -124,6 +133,36 @@ class Leasing:
                 self.give_up(turn["id"], session, notes)
                 continue
             self.spawn(turn, notes)
+        if fleet is not None:  # a held session with nothing left to run goes back to the fleet
+            waiting = {t["session_id"] for t in heads}
+            for session in [s for s in fleet.held if s not in self.leases and s not in waiting]:
+                fleet.release(session)
+                self.daemon.changed()
+
+    def holds(self, session: str) -> bool:
+        """May this daemon start work on `session`? Always, alone on a SQLite file; in a fleet, only
+        on the sessions it has claimed."""
+        fleet = self.daemon.fleet
+        return fleet is None or session in fleet.held
+
+    def keep_claims(self) -> None:
+        """Renew the fleet claims; the worker of a session another daemon took over is killed (it
+        would fail its next write anyway: the fencing check)."""
+        assert self.daemon.fleet is not None
+        for session in self.daemon.fleet.renew():
+            lease = self.leases.get(session)
+            if lease is not None and lease.killed_for is None:
+                lease.killed_for = "claim lost"
+                lease.proc.kill("claim-lost")
+            self.daemon.changed()
+
+    def enforce_cancels(self) -> None:
+        """Kill the worker of every turn with a cancel request (made through this daemon or, in a
+        fleet, through another one)."""
+        for lease in self.leases.values():
+            if lease.turn in self.daemon.cancels and lease.killed_for is None:
+                lease.killed_for = "cancel"
+                lease.proc.kill("cancel")
 
     def over_limit(self, turn: dict[str, Any], last: str | None = None) -> str | None:
         """Why `turn` may get no other worker (its attempts or model calls), or None."""
@@ -149,7 +188,8 @@ class Leasing:
             private_files.write_private(message_file, turn["user_text"] or "")
             db.add_turn_attempt(turn_id)  # durably, before the worker exists
             try:
-                proc = launcher.spawn(launcher.argv(session, turn_id, message_file), self.incarnation,
+                claim = self.daemon.fleet.claim_argument(session) if self.daemon.fleet is not None else None
+                proc = launcher.spawn(launcher.argv(session, turn_id, message_file, claim), self.incarnation,
                                       self.on_message, self.on_log, self.on_exit)
             except BaseException:
                 db.add_turn_attempt(turn_id, -1)  # no worker started
@@ -196,6 +236,10 @@ class Leasing:
         notes = self.daemon.restarts.notes_for(lease.turn)
         fields = {"session": lease.session, "turn": lease.turn, "worker_pid": lease.proc.pid,
                   "returncode": lease.proc.returncode, "seconds": round(time.monotonic() - lease.started, 3)}
+        if not self.holds(lease.session):  # another daemon took the session over: its turns are its now
+            self.daemon.restarts.turn_ended(lease.session, lease.turn)
+            info("worker stopped: the session was taken over by another daemon", **fields)
+            return
         if turn is None or turn["state"] in ("done", "failed"):
             self.daemon.restarts.turn_ended(lease.session, lease.turn)
             self.daemon.totals["turns_ended"] += 1
@@ -233,7 +277,8 @@ class Leasing:
         assert self.daemon.db is not None and notes.give_up is not None
         reason = notes.give_up
         try:
-            ended = end_turn(self.daemon.db, turn_id, reason, owner=f"daemon:{os.getpid()}")
+            owner = self.daemon.fleet.owner if self.daemon.fleet is not None else f"daemon:{os.getpid()}"
+            ended = end_turn(self.daemon.db, turn_id, reason, owner=owner)
         except Exception as exc:  # e.g. storage busy: keep the decision, try again after a backoff
             log.error("could not record the failure of turn %s: %s", turn_id, exc,
                       extra={"fields": {"session": session}})

@@ -4,6 +4,9 @@ One process, in the foreground (fit for systemd), serving one session database:
 
 * **Exclusive.** It holds `PATH.daemon.lock` with flock(2) for its whole life; a second
   daemon on the same database is refused and told the holder's pid.
+* **Or one of a fleet** (`--store postgresql://...`, supervisor.daemon.fleet): many daemons share
+  one PostgreSQL store; each works only on the sessions it has claimed there, and its own files
+  (lock, status, token, message files) live in its home directory (`--home`).
 * **Leasing** (supervisor.daemon.leasing). Each pass of the loop reads the unfinished turns in
   submission order and hands the oldest unfinished turn of each idle session to a new worker
   (supervisor.daemon.launcher), up to `workers` at once: one worker per session at a time,
@@ -44,6 +47,7 @@ import concurrent.futures
 import logging
 import os
 import signal
+import sqlite3
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -51,10 +55,12 @@ from typing import TYPE_CHECKING, Any, Callable
 import psutil
 
 from hermes.state import SessionDB, StorageError
+from hermes.store.engines import open_store
 from supervisor.daemon import inbox
-from supervisor.daemon.cancels import CancelRequests
+from supervisor.daemon.cancels import CancelRequests, FleetCancelRequests
 from supervisor.daemon.config import DaemonConfig
 from supervisor.daemon.drain import Drain
+from supervisor.daemon.fleet import Fleet
 from supervisor.daemon.inbox import AlreadyRunning
 from supervisor.daemon.launcher import Launcher, kill_recorded
 from supervisor.daemon.leasing import Leasing
@@ -75,9 +81,11 @@ DEMO_MODEL = "scripted-model"  # the name the built-in demo model answers as
 class Daemon:
     def __init__(self, config: DaemonConfig, *, log_handler: logging.Handler | None = None) -> None:
         self.config = config
-        self.db_path = Path(config.db)
+        self.db_path = Path(config.db)                # the SQLite store, or a fleet daemon's own files' base
+        self.store = config.location                  # where the session store is (a path or a URL)
         self.log_handler = log_handler
-        self.db: SessionDB | None = None
+        self.db: SessionDB | None = None              # (a PgSessionDB in a fleet)
+        self.fleet: Fleet | None = None               # the sessions claimed, in a fleet
         self.launcher: Launcher | None = None
         self.server: ScriptedModelServer | None = None
         self.base_url = config.base_url or ""
@@ -169,8 +177,12 @@ class Daemon:
         self._publish()  # "starting", this pid: from now on the status file never names the last daemon (or its URL)
         become_subreaper()  # orphans of the workers' tools come to this process, which reaps them
         try:
-            self.db = SessionDB(self.db_path, synchronous=self.config.synchronous)
-        except (StorageError, OSError):
+            self.db = open_store(self.store, synchronous=self.config.synchronous,
+                                 **({"application_name": "hermes-supervisor-daemon"} if self.config.store else {}))
+            if self.config.store is not None:
+                self.fleet = Fleet(self.db, self.config.claim_ttl)  # type: ignore[arg-type]
+                self.cancels = FleetCancelRequests(self.db)  # type: ignore[arg-type]
+        except (StorageError, OSError, sqlite3.Error):  # sqlite3.Error: also a PostgreSQL server out of reach
             self.state, self._dirty = "stopped", True
             self._publish()
             self._release_lock()
@@ -191,11 +203,13 @@ class Daemon:
         self._dirty = True
         if self.config.http:
             self._start_http()  # its URL is printed by run(), once the status file holds it
-        info("serving", db=str(self.db_path), workers=self.config.workers, base_url=self.base_url,
+        where = {"store": self.db.location, "owner": self.fleet.owner} if self.fleet else {"db": str(self.db_path)}
+        info("serving", **where, workers=self.config.workers, base_url=self.base_url,
              model=self.model, tools=self.tools or "none", interrupted_turns=len(interrupted), queued_turns=queued,
              max_attempts=self.config.max_attempts, max_model_calls=self.config.max_model_calls, pid=os.getpid())
-        for turn in interrupted:
-            info("will resume interrupted turn", session=turn["session_id"], turn=turn["id"])
+        if self.fleet is None:  # in a fleet, a running turn may well be another live daemon's
+            for turn in interrupted:
+                info("will resume interrupted turn", session=turn["session_id"], turn=turn["id"])
 
     def _start_http(self) -> None:
         """Serve the HTTP API (its token file written first), without announcing its URL yet."""
@@ -236,6 +250,10 @@ class Daemon:
             "http": {"url": self.http_url} if self.http_url else None,
             "cancels": sorted(self.cancels),
         }
+        if self.fleet is not None and self.db is not None:
+            data["store"] = self.db.location  # the URL without its password
+            data["fleet"] = {"owner": self.fleet.owner, "claim_ttl": self.fleet.ttl_s,
+                             "claims": dict(self.fleet.held)}
         try:
             inbox.write_status(self.db_path, data)
         except OSError as exc:
@@ -248,6 +266,8 @@ class Daemon:
         if self.leases and not self.stop_requested:
             waits += [lease.started + self.config.turn_timeout - now for lease in self.leases.values()]
         waits += self.restarts.retry_waits(now, self.leases)
+        if self.fleet is not None:
+            waits.append(self.fleet.renew_due(now))
         drain_wait = self.drain.next_wait(now) if self.drain else None
         if drain_wait is not None:
             waits.append(drain_wait)
@@ -326,7 +346,8 @@ class Daemon:
                     continue
                 if not self.ready:  # the loop runs: tell systemd (a no-op without it)
                     self.ready = True
-                    self.notifier.ready(f"serving {self.db_path} with {self.config.workers} workers")
+                    where = self.db.location if self.fleet is not None and self.db is not None else self.db_path
+                    self.notifier.ready(f"serving {where} with {self.config.workers} workers")
                     self._dirty = True
                 killed = self.drain is not None and self.drain.killed_at is not None
                 self.wakeup.wait(min(0.5, self._next_timeout()) if killed else self._next_timeout())
@@ -345,6 +366,8 @@ class Daemon:
         if self.launcher is not None:
             self.launcher.close()
         self.leasing.collect_exits()
+        if self.fleet is not None:  # its workers are gone: the others need not wait for the claims to expire
+            self.fleet.release_all()
         try:
             self._reap_orphans(kill=True)  # a tool's child still running: nothing may outlive the daemon
         except Exception as exc:

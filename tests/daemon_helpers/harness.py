@@ -81,8 +81,9 @@ class Served:
     """A `serve` process; `seen` holds every process it started (pid -> start time)."""
 
     def __init__(self, tmp_path: Path, db: Path | None, *args: str, env: dict[str, str] | None = None,
-                 cwd: Path = REPO, wait_ready: bool = True) -> None:
+                 cwd: Path = REPO, wait_ready: bool = True, files: Path | None = None) -> None:
         self.db = db
+        self._files = files  # the base of its status file when it is not `db` (a fleet daemon's: HOME/fleet)
         self.out = tmp_path / f"daemon-{time.monotonic_ns()}.out"
         self.seen: dict[int, float] = {}
         argv = [sys.executable, "-m", "supervisor.daemon.cli", "serve", *(["--db", str(db)] if db else []), *args]
@@ -98,10 +99,14 @@ class Served:
                 self.cleanup()
                 raise AssertionError(f"daemon did not start: {self.output()}") from None
 
+    @property
+    def files(self) -> Path | None:
+        return self._files or self.db
+
     def serving(self) -> bool:
         if self.proc.poll() is not None:
             raise AssertionError(f"daemon exited with {self.proc.returncode}: {self.output()}")
-        status = inbox.read_status(self.db) if self.db else None
+        status = inbox.read_status(self.files) if self.files else None
         return bool(status and status.get("pid") == self.pid and status.get("state") == "running")
 
     def output(self) -> str:
@@ -114,7 +119,7 @@ class Served:
     def live_workers(self) -> list[dict[str, Any]]:
         """The workers its status file records, still alive as those very processes."""
         self.note_children()
-        status = inbox.read_status(self.db) if self.db else None
+        status = inbox.read_status(self.files) if self.files else None
         if not status or status.get("pid") != self.pid:
             return []
         return [w for w in status.get("workers", []) if inbox.process_alive(w["pid"], w["create_time"])]
@@ -165,8 +170,8 @@ class Daemons:
         self.started: list[Served] = []
 
     def __call__(self, db: Path | None, *args: str, env: dict[str, str] | None = None, cwd: Path = REPO,
-                 wait_ready: bool = True) -> Served:
-        served = Served(self.tmp_path, db, *args, env=env, cwd=cwd, wait_ready=wait_ready)
+                 wait_ready: bool = True, files: Path | None = None) -> Served:
+        served = Served(self.tmp_path, db, *args, env=env, cwd=cwd, wait_ready=wait_ready, files=files)
         self.started.append(served)
         return served
 

@@ -55,6 +55,9 @@ def execute(args: argparse.Namespace, link: SupervisorLink | None, report: Repor
     ledger = open_ledger(args, link)
     try:
         db.create_session(args.session, source="worker", model=args.model, system_prompt=args.system_prompt)
+        if args.claim is not None:  # started by a daemon of a fleet: work only while its claim holds
+            epoch, owner = args.claim
+            db.hold_claim(args.session, owner, epoch)
         db.acquire_lease(args.session, owner=f"pid:{os.getpid()}:inc:{args.incarnation}")
         out = _run_command(args, db, _build_agent(args, db, link))
     except sqlite3.Error as exc:  # claiming or reading the session (a turn's own failures end closed inside)
