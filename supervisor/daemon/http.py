@@ -121,6 +121,7 @@ STREAM_CHUNK = 64 * 1024     # an event stream writes at most about this much be
 LINGER_SECONDS = 2.0         # a request answered before its body was read: the rest of it is discarded this long
 STOP_GRACE = 0.3             # seconds the requests still open at shutdown have before they are cut
 DB_READERS = 2               # reader threads (each with its read-only connection)
+SUBMIT_WRITERS = 2           # connections submissions share (a burst waits for one: no connection each)
 LOG_EVERY = 10.0             # seconds between two log lines of one kind of refused connection or error
 TURN_LIST_LIMIT = 1000       # turns per GET /v1/sessions/{session}/turns
 _DIGITS = re.compile(r"[0-9]{1,18}")
@@ -361,6 +362,7 @@ class HttpApi:
         # Where the sessions are: a PostgreSQL URL, or else the SQLite file that `db_path` is.
         self.store: Path | str = str(store) if store is not None and is_postgres_url(store) else self.db_path
         self.reads = read_store(self.store)
+        self.submitter = inbox.Submitter(self.store, SUBMIT_WRITERS)  # closed with the app (`_lifespan`)
         self.watcher: ChangeWatcher | None = None     # which sessions changed (its own thread)
         self.registry: Any = None
         self.gauges = HttpGauges()  # the HTTP API's state at the last scrape of /metrics
@@ -479,6 +481,7 @@ class HttpApi:
             self.watching.shutdown(wait=True)  # a read in flight ends before its connection closes
             self.readers.shutdown(wait=True, cancel_futures=True)
             self.watcher.close()
+            self.submitter.close()
             with self._reader_lock:
                 conns, self._reader_conns = self._reader_conns, []
             for conn in conns:
@@ -653,7 +656,7 @@ class HttpApi:
         if turn_id is not None:
             check_turn_id(turn_id)
         try:
-            turn_id, new = await run_in_threadpool(inbox.submit, self.store, session, message, turn_id)
+            turn_id, new = await run_in_threadpool(self.submitter.submit, session, message, turn_id)
         except ValueError as exc:  # the turn id was used by another submission
             raise ApiError(409, str(exc)) from None
         self.daemon.wake()

@@ -32,6 +32,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import queue
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,39 @@ def submit(location: Path | str, session_id: str, text: str, turn_id: str | None
     turn_id = turn_id or new_turn_id()
     with open_store(location) as db:
         return turn_id, db.submit_turn(session_id, turn_id, text)
+
+
+class Submitter:
+    """`submit` for a server: at most `size` connections to the store, opened when first needed and
+    kept. A burst of submissions waits for one of them instead of opening a connection each (on
+    PostgreSQL every connection is a server process, and the workers need theirs)."""
+
+    def __init__(self, location: Path | str, size: int = 2) -> None:
+        self.location = location
+        self._free: queue.LifoQueue[Any] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(size)
+        self._open: list[Any] = []
+        self._lock = threading.Lock()
+
+    def submit(self, session_id: str, text: str, turn_id: str | None = None) -> tuple[str, bool]:
+        turn_id = turn_id or new_turn_id()
+        with self._slots:
+            try:
+                db = self._free.get_nowait()
+            except queue.Empty:
+                db = open_store(self.location)
+                with self._lock:
+                    self._open.append(db)
+            try:
+                return turn_id, db.submit_turn(session_id, turn_id, text)
+            finally:
+                self._free.put(db)  # a PostgreSQL store whose connection broke reconnects on its next call
+
+    def close(self) -> None:
+        with self._lock:
+            opened, self._open = self._open, []
+        for db in opened:
+            db.close()
 
 
 # ------------------------------------------------------------- status file
