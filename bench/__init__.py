@@ -30,6 +30,9 @@ load hit both sides alike.
     powerloss    (only with --only powerloss: it needs FUSE) an exhaustive campaign of one scenario
                  with power cuts against the same campaign with process kills, side by side, per
                  case; where the extra time goes; what FULL and NORMAL keep through the cuts.
+    fleet        (only with --only fleet: it needs PostgreSQL) the same backlog through one SQLite
+                 daemon and through 1, 2 and 4 daemons of a fleet on one PostgreSQL store, side
+                 by side: turns/s, submit -> answer p50/p99, CPU per turn.
 
 The full bench also draws two SVG charts into docs/figures (`bench.charts`, matplotlib from the
 `bench` extra): flush cost against transcript length, ours and upstream's, and every recovery

@@ -4,7 +4,8 @@
                     [--charts DIR | --no-charts]
 
 `--only powerloss` (bench.powerloss; needs FUSE) is not in the default set: a minute of campaigns on a
-lazy file system.
+lazy file system. Nor is `--only fleet` (bench.fleet; needs PostgreSQL's server binaries): a SQLite daemon
+against fleets of 1, 2 and 4 daemons on one PostgreSQL store.
 """
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ from bench import charts
 from bench.api import bench_api
 from bench.campaign import bench_campaign
 from bench.daemon import bench_daemon
+from bench.fleet import QUICK_ROUNDS as FLEET_QUICK_ROUNDS
+from bench.fleet import QUICK_TURNS as FLEET_QUICK_TURNS
+from bench.fleet import ROUNDS as FLEET_ROUNDS
+from bench.fleet import TURNS as FLEET_TURNS
+from bench.fleet import bench_fleet
 from bench.flush import bench_flush
 from bench.hostile import bench_hostile
 from bench.memory import bench_memory
@@ -64,8 +70,9 @@ def sizes_for(quick: bool, long: bool) -> Sizes:
                  upstream_campaign=None)
 
 
-SECTIONS = ("flush", "upstream", "resume", "recovery", "campaign", "daemon", "api", "memory", "powerloss", "hostile")
-DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("powerloss", "hostile"))  # these: only when named
+SECTIONS = ("flush", "upstream", "resume", "recovery", "campaign", "daemon", "api", "memory", "powerloss", "hostile",
+            "fleet")
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("powerloss", "hostile", "fleet"))  # these: only when named
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
                                                      limit=QUICK_LIMIT if args.quick else None,
                                                      progress=lambda line: print(line, file=sys.stderr, flush=True)))
         section("hostile", lambda: bench_hostile(report, bench_dir, turns=16 if args.quick else 40))
+        section("fleet", lambda: bench_fleet(report, bench_dir, FLEET_QUICK_TURNS if args.quick else FLEET_TURNS,
+                                             FLEET_QUICK_ROUNDS if args.quick else FLEET_ROUNDS,
+                                             timeout=120.0 if args.quick else 600.0))
     finally:
         shutil.rmtree(bench_dir, ignore_errors=True)
     try:

@@ -39,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
+if sys.path[:1] != [str(REPO)]:
+    # First, even when PYTHONPATH holds it already: run as a file, scripts/ is sys.path[0], and its
+    # bench.py would shadow the bench package.
     sys.path.insert(0, str(REPO))
 
 from bench.procs import note_descendants  # noqa: E402

@@ -158,3 +158,35 @@ def test_a_version_1_store_gains_the_claims_when_opened(pg_url: str) -> None:  #
         assert db.claim_sessions("a", LONG, 5) == [("old", 1)]
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT version FROM hermes_schema").fetchone() == (schema.PG_SCHEMA_VERSION,)
+
+
+def test_daemons_starting_together_on_a_new_database_both_open_it(pg_cluster: Any) -> None:  # noqa: F811
+    """Two stores opening one empty database at once: one creates the tables, the other waits for it
+    and then sees them (not "tables of some other application"). Eight fresh databases, eight races."""
+    psycopg = require_psycopg()
+    from hermes.store.pg.sessiondb import PgSessionDB
+
+    for round_ in range(8):
+        name = f"race_{round_}_{threading.get_ident()}"
+        with psycopg.connect(pg_cluster.dsn(), autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}" ENCODING \'UTF8\'')
+        try:
+            barrier = threading.Barrier(2)
+            errors: list[BaseException] = []
+
+            def open_() -> None:
+                barrier.wait()
+                try:
+                    PgSessionDB(pg_cluster.dsn(name)).close()
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=open_) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert errors == []
+        finally:
+            with psycopg.connect(pg_cluster.dsn(), autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

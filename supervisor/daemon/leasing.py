@@ -219,20 +219,30 @@ class Leasing:
                 proc = self.exits.get_nowait()
             except queue.Empty:
                 return
-            lease = self.by_incarnation.pop(proc.incarnation, None)
+            lease = self.by_incarnation.get(proc.incarnation)
             if lease is None:
                 continue
+            assert self.daemon.db is not None
+            try:
+                turn = self.daemon.db.get_turn(lease.turn)
+            except Exception:
+                # The store is out of reach (a PostgreSQL server restarting): this exit is looked at
+                # again on a later pass, its lease kept meanwhile, so its restart and crash count are
+                # decided once the turn's state can be read, and no other worker starts before.
+                self.exits.put(proc)
+                raise
+            del self.by_incarnation[proc.incarnation]
             if lease.message_file is not None:
                 lease.message_file.unlink(missing_ok=True)
             if self.leases.get(lease.session) is lease:
                 del self.leases[lease.session]
             self.daemon.changed()
             self.daemon.totals["worker_deaths"] += proc.returncode != 0
-            self.after_exit(lease)
+            self.after_exit(lease, turn)
 
-    def after_exit(self, lease: Lease) -> None:
+    def after_exit(self, lease: Lease, turn: dict[str, Any] | None) -> None:
+        """What the end of `lease`'s worker means for its turn (`turn`: its row, read after the exit)."""
         assert self.daemon.db is not None
-        turn = self.daemon.db.get_turn(lease.turn)
         notes = self.daemon.restarts.notes_for(lease.turn)
         fields = {"session": lease.session, "turn": lease.turn, "worker_pid": lease.proc.pid,
                   "returncode": lease.proc.returncode, "seconds": round(time.monotonic() - lease.started, 3)}

@@ -365,7 +365,10 @@ class Daemon:
         self.calls.run_pending(refuse="the daemon is stopping")
         if self.launcher is not None:
             self.launcher.close()
-        self.leasing.collect_exits()
+        try:
+            self.leasing.collect_exits()
+        except Exception as exc:  # the store is out of reach: the turns stay running, resumed by the next daemon
+            log.error("could not read the ended workers' turns at shutdown: %s", exc)
         if self.fleet is not None:  # its workers are gone: the others need not wait for the claims to expire
             self.fleet.release_all()
         try:

@@ -182,7 +182,17 @@ class PgStorage:
             if version is None:
                 raise StorageError(f"{self.location} holds no hermes tables, and a read-only open creates none")
         elif version is None or version < schema.PG_SCHEMA_VERSION:
-            self._run(conn, lambda cur: schema.create_schema(cur, self.location))
+            # Serialized by a session-level lock taken *before* the transaction begins: a transaction
+            # that began while another was creating the tables may not see them even once it holds a
+            # transaction-level advisory lock (its catalog cache is refreshed when a transaction starts
+            # or a table is locked, and an advisory lock is neither), and would then take the new
+            # tables for some other application's.
+            conn.execute("SELECT pg_advisory_lock(%s)", (schema.SCHEMA_LOCK_KEY,))
+            try:
+                self._run(conn, lambda cur: schema.create_schema(cur, self.location))
+            finally:
+                if not (conn.closed or conn.broken):
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (schema.SCHEMA_LOCK_KEY,))
 
     def close(self) -> None:
         with self._lock:
