@@ -78,6 +78,13 @@ def _turn_id(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc).replace("session id", "turn id")) from None
 
 
+def _add_where(parser: argparse.ArgumentParser, db_help: str = "the database the daemon serves") -> None:
+    """The store a command reads or writes: a SQLite `--db PATH` or a fleet's `--store URL`."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, metavar="PATH", help=db_help)
+    where.add_argument("--store", default=None, metavar="URL", help="a fleet's PostgreSQL store (postgresql://...)")
+
+
 def add_commands(subparsers: Any) -> None:
     """Add serve, submit, status and result to `subparsers` (its parser_class is used)."""
     serve = subparsers.add_parser("serve", help="run the daemon in the foreground: work through the inbox")
@@ -150,10 +157,7 @@ def add_commands(subparsers: Any) -> None:
     serve.set_defaults(daemon_command="serve")
 
     submit = subparsers.add_parser("submit", help="queue a user turn; prints its turn id")
-    submit_where = submit.add_mutually_exclusive_group(required=True)
-    submit_where.add_argument("--store", default=None, metavar="URL", help="a fleet's PostgreSQL store")
-    submit_where.add_argument("--db", type=Path, metavar="PATH",
-                        help="the database the daemon serves; refused if missing, unless --create")
+    _add_where(submit, "the database the daemon serves; refused if missing, unless --create")
     submit.add_argument("--create", action="store_true", help="make the database if it does not exist yet")
     submit.add_argument("--session", required=True, type=session_id_argument, metavar="ID")
     submit.add_argument("--turn-id", default=None, type=_turn_id, metavar="ID",
@@ -167,9 +171,7 @@ def add_commands(subparsers: Any) -> None:
     submit.set_defaults(daemon_command="submit")
 
     status = subparsers.add_parser("status", help="sessions, turns and live workers")
-    status_where = status.add_mutually_exclusive_group(required=True)
-    status_where.add_argument("--store", default=None, metavar="URL", help="a fleet's PostgreSQL store")
-    status_where.add_argument("--db", type=Path, metavar="PATH")
+    _add_where(status)
     status.add_argument("--home", type=Path, default=None, metavar="DIR",
                         help="with --store: also show the daemon whose home this is")
     status.add_argument("--session", default=None, type=session_id_argument, metavar="ID")
@@ -182,9 +184,7 @@ def add_commands(subparsers: Any) -> None:
     status.set_defaults(daemon_command="status")
 
     result = subparsers.add_parser("result", help="print a turn's final answer")
-    result_where = result.add_mutually_exclusive_group(required=True)
-    result_where.add_argument("--store", default=None, metavar="URL", help="a fleet's PostgreSQL store")
-    result_where.add_argument("--db", type=Path, metavar="PATH")
+    _add_where(result)
     result.add_argument("turn", type=_turn_id, metavar="TURN", help="a turn id, as submit printed it")
     result.add_argument("--wait", action="store_true", help="wait until the turn ends")
     result.add_argument("--timeout", type=seconds, default=300.0, metavar="SECONDS",
