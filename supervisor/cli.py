@@ -1,10 +1,10 @@
 """`hermes-supervisor`: chaos campaigns and transcript checks.
 
-    hermes-supervisor chaos [--mode exhaustive|double|random|pause] [--scenario NAME ...] [--jobs N]
+    hermes-supervisor chaos [--mode exhaustive|double|random|pause] [--scenario NAME ...] [--jobs N] [--store postgres]
                             [--shard I/N] [--seed S --runs N] [--report DIR] [--case ID] [--list-points]
                             [--target NAME [--target-option KEY=VALUE|KEY=all ...]] [--list-targets]
     hermes-supervisor merge OUT_DIR SHARD_DIR...   (one report from the --report DIRs of --shard 1/N ... N/N)
-    hermes-supervisor check --db PATH [--session ID]
+    hermes-supervisor check (--db PATH | --store URL) [--session ID]
     hermes-supervisor serve|submit|status|result ...   (the daemon; see --help of each)
     hermes-supervisor bench [--quick]
 
@@ -85,6 +85,11 @@ def _add_chaos(commands: argparse._SubParsersAction) -> None:
     chaos.add_argument("--synchronous", type=str.upper, choices=("FULL", "NORMAL"), default="FULL",
                        help="every worker's session database at this durability level (default FULL); what a "
                             "power cut may take at NORMAL is reported apart, as that level's documented cost")
+    chaos.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
+                       help="where the workers keep their sessions: sqlite (a file per case, the default) or "
+                            "postgres (our runtime only: a database per case on a private PostgreSQL server the "
+                            "campaign starts and stops; the checker judges SQLite images of it; adds the server's "
+                            "own faults pg-terminate, pg-restart, pg-hang)")
     chaos.add_argument("--limit", type=positive_int, default=None, help="run at most this many derived cases")
     chaos.add_argument("--case", action="append", default=None, metavar="ID", help="rerun exactly this case")
     chaos.add_argument("--no-forkserver", action="store_true",
@@ -148,7 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_merge(commands)
     _add_shrink(commands)
     check = commands.add_parser("check", help="check the structural invariants of a database")
-    check.add_argument("--db", type=Path, required=True)
+    where = check.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, default=None, help="a SQLite state database")
+    where.add_argument("--store", default=None, metavar="URL",
+                       help="a PostgreSQL store (postgresql://...), checked through a SQLite image of one snapshot "
+                            "of it (needs the postgres extra)")
     check.add_argument("--session", default=None)
     daemon_cli.add_commands(commands)
     # The benchmarks are a program of their own (`python -m bench`, scripts/bench.py): `main` hands
@@ -268,7 +277,8 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
                             case_ids=tuple(args.case or ()), probes=tuple(args.probe or ()),
                             forkserver=not args.no_forkserver, faults=args.faults,
                             case_files=args.report / "cases" if args.report else None, target=args.target,
-                            target_options=tuple(sorted(options.items())), synchronous=args.synchronous)
+                            target_options=tuple(sorted(options.items())), synchronous=args.synchronous,
+                            store=args.store)
     _check_runnable(config, args.workdir)
     if args.report is not None:
         make_private_dirs(args.report)
@@ -297,9 +307,16 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
 
 def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
     """Refuse up front what cannot run here: a target not installed, a storage fault this
-    machine cannot make, a case id that does not parse."""
+    machine cannot make, a store the target or a fault cannot run on, a case id that does not parse."""
     from supervisor.chaos.generator import Case
+    from supervisor.chaos.nemesis.family import check_store
+    from supervisor.chaos.pgstore import StoreUnavailable, check_runnable
 
+    try:  # first: a store the target cannot use is refused whether the target is installed or not
+        check_runnable(config)
+        check_store(config.faults, config.store)
+    except (StoreUnavailable, FaultUnavailable) as exc:
+        raise UsageError(str(exc)) from None
     problem = _target(config.target).missing()
     if problem is not None:
         raise UsageError(problem)
@@ -448,6 +465,8 @@ def run_check(args: argparse.Namespace) -> int:
     from hermes.state import StorageError
     from supervisor.chaos.checker import check_structure
 
+    if args.store is not None:
+        return _check_store(args.store, args.session)
     if not args.db.exists():
         raise UsageError(f"--db {args.db} does not exist")
     try:
@@ -455,6 +474,32 @@ def run_check(args: argparse.Namespace) -> int:
     except StorageError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(verdict.to_json(), indent=2, ensure_ascii=False))
+    return EXIT_OK if verdict.valid is True else EXIT_VIOLATIONS
+
+
+def _check_store(url: str, session: str | None) -> int:
+    """`check --store URL`: the same structural check, on an image of one snapshot of the store
+    (hermes.store.pg.image) made in a private directory and removed after; the verdict names the
+    store by its URL, without the password."""
+    from hermes.state import StorageError
+    from hermes.store.engines import is_postgres_url
+    from hermes.store.pg.connection import redact
+    from supervisor.chaos.checker import check_structure
+
+    if not is_postgres_url(url):
+        raise UsageError("--store takes a postgresql:// URL (a SQLite database is --db PATH)")
+    try:
+        from hermes.store.pg.image import copy_to_sqlite
+    except ImportError as exc:  # the postgres extra is not installed: say what to install
+        raise UsageError(str(exc)) from None
+    where = redact(url)
+    with tempfile.TemporaryDirectory(prefix="hermes-check-") as scratch:  # 0700: the image holds the transcript
+        try:
+            image = copy_to_sqlite(url, Path(scratch) / "state.db", session, durable=False)
+            verdict = check_structure(image, session, name=where)
+        except StorageError as exc:
+            raise UsageError(str(exc)) from None
+    print(json.dumps({**verdict.to_json(), "store": where}, indent=2, ensure_ascii=False))
     return EXIT_OK if verdict.valid is True else EXIT_VIOLATIONS
 
 

@@ -5,7 +5,8 @@ temporary directory and starts ``postgres`` on it, listening on a Unix socket in
 and on no TCP address (``listen_addresses=''``), with ``trust`` authentication: the directory's
 mode is what keeps others out. It waits until the server accepts connections (polled, with a
 deadline), and :meth:`PgCluster.dsn` names a database on it. :meth:`PgCluster.stop` stops the
-server by its recorded pid and removes the directory.
+server by its recorded pid and removes the directory; :meth:`PgCluster.restart` stops it (by
+default as a crash would: immediate shutdown) and starts it again on the same data.
 
 PostgreSQL refuses to run as root. When this process is root, ``initdb`` and ``postgres`` run
 as the ``postgres`` system user (Debian's packages create it), the directory is handed to that
@@ -205,6 +206,36 @@ class PgCluster:
                 self.proc.wait(timeout=0.05)
             except subprocess.TimeoutExpired:
                 pass
+
+    # ------------------------------------------------------------------ restart
+    def restart(self, mode: str = "immediate") -> None:
+        """Stop the server and start it again on the same data directory, as ``pg_ctl restart -m MODE``.
+
+        "immediate" (the default): SIGQUIT, PostgreSQL's immediate shutdown: every backend quits at
+        once, no checkpoint is written, and the next start replays the WAL, as after a crash of the
+        server (what a client sees is its connection gone mid-session). "fast": SIGINT, open
+        sessions are ended and a checkpoint is written first. Returns once the new server accepts
+        connections; a server that does not stop in time is killed with its process group.
+        """
+        signals = {"immediate": signal.SIGQUIT, "fast": signal.SIGINT}
+        if mode not in signals:
+            raise ValueError(f"a restart is immediate or fast, not {mode!r}")
+        proc = self.proc
+        if proc is None or self.root is None:
+            raise PgClusterError("the cluster is not started")
+        try:
+            proc.send_signal(signals[mode])
+            proc.wait(timeout=_STOP_WAIT_S[1])
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # unreaped: the group is still the postmaster's own
+            proc.wait(timeout=_STOP_WAIT_S[2])
+        self.proc = None
+        try:
+            self._launch()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     # ------------------------------------------------------------------ facts
     @property

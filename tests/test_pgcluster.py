@@ -62,3 +62,30 @@ def test_a_cluster_that_cannot_start_says_why_and_leaves_nothing() -> None:
 def test_missing_binaries_name_what_to_install() -> None:
     with pytest.raises(PgBinariesMissing, match="apt-get install postgresql"):
         PgCluster(bindir="/nonexistent/postgresql/bin")
+
+
+def test_an_immediate_restart_ends_every_session_and_keeps_every_commit() -> None:
+    """`restart()` is a crash of the server, as `pg_ctl restart -m immediate`: the old postmaster and
+    its backends are gone, a client's session with it, but nothing committed before."""
+    psycopg = pgfixtures.require_psycopg()
+    cluster = pgfixtures.require_cluster()
+    try:
+        old = cluster.pid
+        assert old is not None
+        session = psycopg.connect(cluster.dsn(), autocommit=True)
+        session.execute("CREATE TABLE kept (n int)")
+        session.execute("INSERT INTO kept VALUES (1)")
+        cluster.restart()
+        assert cluster.running() and cluster.pid != old and _gone(old)
+        with pytest.raises(psycopg.OperationalError):
+            session.execute("SELECT 1")
+        assert session.broken
+        session.close()
+        with psycopg.connect(cluster.dsn()) as conn:
+            assert conn.execute("SELECT n FROM kept").fetchall() == [(1,)]
+        assert "received immediate shutdown request" in cluster.log_tail(20000)
+        with pytest.raises(ValueError):
+            cluster.restart("smart")
+    finally:
+        cluster.stop()
+    assert cluster.root is None

@@ -3,7 +3,9 @@
 Plan: each scenario's fault-free run first (its trace is what the generator derives cases
 from, supervisor.chaos.generator), then the mode's cases, kept by probe, cut by limit, and
 split by shard (supervisor.chaos.plan). Run: cases run on a thread pool (`jobs`), each by a `CaseRunner` with real worker
-processes, against one scripted model server and one process pool for the campaign.
+processes, against one scripted model server and one process pool for the campaign (and with
+``--store postgres`` one private PostgreSQL server, each case a database of its own on it:
+supervisor.chaos.pgstore).
 Results stream to history.jsonl (and each case's file); only running cases stay in memory.
 Summarize: cases, landed kills, violations by class, what was not judged and why, and per
 kill point what happened.
@@ -28,13 +30,15 @@ from supervisor.chaos.conversation import Conversation, UnknownConversation, is_
 from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
 from supervisor.chaos.history import HistoryWriter, canonical_json, write_json
 from supervisor.chaos.nemesis.accounting import add_rows, campaign_rows, unlanded
-from supervisor.chaos.nemesis.family import chosen
+from supervisor.chaos.nemesis.family import check_store, chosen
+from supervisor.chaos.pgstore import POSTGRES, Databases, check_runnable, start_cluster
 from supervisor.chaos.plan import Plan, in_part
 from supervisor.chaos.runner import CaseResult, CaseRunner
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, CampaignScript, campaign_script
 from supervisor.procs.pool import Pool, PoolStopped, WorkerProcess
 from targetkit import registry
 from testkit.modelserver import ScriptedModelServer
+from testkit.pgcluster import PgCluster
 
 if TYPE_CHECKING:
     from supervisor.chaos.explore import Drawn
@@ -59,10 +63,14 @@ class Campaign:
                  *, on_result: Callable[[CaseResult], None] | None = None,
                  on_plan: Callable[[Plan], None] | None = None, campaign_id: str | None = None) -> None:
         self.config = config
+        check_runnable(config)  # what the CLI refuses up front, refused here too (pgstore.StoreUnavailable)
+        check_store(config.faults, config.store)  # FaultUnavailable
         self.progress = progress or (lambda line: None)
         # Workers start as forks of the warm template where the target allows it, else as fresh interpreters.
         target = registry.get(config.target)
-        self.pool = Pool(forkserver=config.forkserver and target.forkserver, preload=target.preload)
+        # On PostgreSQL the template imports the engine (psycopg among it) once, not every worker.
+        preload = (*target.preload, *(("hermes.store.pg.sessiondb",) if config.store == POSTGRES else ()))
+        self.pool = Pool(forkserver=config.forkserver and target.forkserver, preload=preload)
         # What a family of --faults keeps for all the cases (power cuts: the lazy file system servers).
         self.resources: dict[Any, Any] = {}
         for family, faults in chosen(config.faults):
@@ -81,6 +89,8 @@ class Campaign:
         self._stop = threading.Event()
         self._root: Path | None = None
         self._server: ScriptedModelServer | None = None
+        self._pg: PgCluster | None = None  # the campaign's PostgreSQL server (`--store postgres`)
+        self._databases: Databases | None = None  # its cases' databases, made ahead
         self._script: CampaignScript | None = None
         self._served: dict[str, int] = {}  # faults the model served, kept when it stops
         self._shared: dict[Any, Any] = {}
@@ -116,13 +126,31 @@ class Campaign:
         self._script = script = campaign_script([SCENARIOS[name] for name in config.scenarios])
         for family, faults in chosen(config.faults):
             script = family.model_script(script, faults)
-        self._server = ScriptedModelServer(script, model=MODEL, request_log=MODEL_REQUEST_LOG).start()
+        if config.store == POSTGRES:
+            self._pg = start_cluster()  # stopped by close(), whatever happened
+        try:
+            self._server = ScriptedModelServer(script, model=MODEL, request_log=MODEL_REQUEST_LOG).start()
+        except BaseException:
+            if self._pg is not None:  # nothing of a campaign that could not open stays running
+                self._pg.stop()
+                self._pg = None
+            raise
+        if self._pg is not None:
+            self._databases = Databases(self._pg, ahead=config.jobs)
 
     def close(self) -> None:
         try:
-            self.pool.close()
-            for resource in self.resources.values():
-                resource.close()
+            try:
+                self.pool.close()
+                for resource in self.resources.values():
+                    resource.close()
+            finally:
+                if self._databases is not None:
+                    self._databases.close()
+                    self._databases = None
+                if self._pg is not None:  # after the pool: no worker is left to talk to it
+                    self._pg.stop()
+                    self._pg = None
         finally:
             if self._server is not None:
                 self._served = self._server.faults_served()
@@ -214,7 +242,7 @@ class Campaign:
         """One run of `case`; no result when the campaign's stop cut it short."""
         assert self._root is not None and self._server is not None, "the campaign is not open"
         runner = CaseRunner(case, self._root, self._server.base_url, self.pool, self.history, self.config,
-                            self.log_sink, self.resources)
+                            self.log_sink, self.resources, databases=self._databases)
         try:
             return runner.run(), runner
         except PoolStopped:

@@ -36,3 +36,6 @@ class CampaignConfig:
     # worker as `--target-option KEY=VALUE`, and written so in each case's repro line.
     target_options: tuple[tuple[str, str], ...] = ()
     synchronous: str = "FULL"  # every worker's session database: FULL or NORMAL (`--synchronous`)
+    # Where the workers keep their sessions: "sqlite" (a file per case) or "postgres" (a database per
+    # case on the campaign's private server, supervisor.chaos.pgstore); `--store`.
+    store: str = "sqlite"

@@ -25,6 +25,8 @@ Event types the supervisor records (fields besides t/case/type):
     pause / cont   incarnation, pid
     fault     fault (a --faults family), landed (bool), reason (why it was skipped)
     twin_run  name ("twin-a" | "twin-b"), incarnation, pid, returncode, signal, last_report (type, tool)
+    store     engine ("postgres"), database (the case's own, on the campaign's server: `--store postgres`)
+    server_fault  fault (pg-terminate | pg-restart | pg-hang) and what it did (supervisor.chaos.nemesis.server)
 
 Everything the harness writes down (the history, each case's file, the reports) holds
 transcript text and tool output, so every such file is created private (0600):

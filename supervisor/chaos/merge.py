@@ -242,6 +242,7 @@ def merge(out: Path, directories: list[Path]) -> dict[str, Any]:
         ok=summary["ok"] and not missed and complete, state="done", complete=complete,
         interrupted=", ".join(interrupted) or None, not_run=missing,
         campaign={"id": first["id"], "mode": first["options"]["mode"], "seed": first["options"]["seed"],
+                  "store": first.get("store", "sqlite"),  # the same in every shard: it is in the options hash
                   "options": first["options"], "options_hash": first["options_hash"],
                   "plan_hash": first.get("plan_hash") if len({s.campaign.get("plan_hash") for s in shards}) == 1
                   else None,

@@ -7,14 +7,20 @@ exact: a projection is durable only if a row of the same session and turn (and t
 call) holds exactly the projected content, after the one normalisation the store
 applies (lone UTF-16 surrogates become U+FFFD, `hermes.transcript.scrub_text`). Which
 rows belong to a turn, and which intents a call has, the target's schema reader says.
+
+On PostgreSQL (``chaos --store postgres``) there is no file to keep a connection to: each question
+is asked of a fresh image of the case's database taken at that instant (one snapshot of the
+server, supervisor.chaos.pgstore), the same state a live reader would see.
 """
 from __future__ import annotations
 
 import json
 import sqlite3
 import threading
+import urllib.parse
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hermes.state import StorageError, connect_readonly, open_snapshot
 from hermes.transcript import scrub_text
@@ -110,13 +116,17 @@ class Observer:
     last worker exits: the next worker must be the database's first connection.
     """
 
-    def __init__(self, db_path: Path, schema: SchemaReader) -> None:
+    def __init__(self, db_path: Path, schema: SchemaReader,
+                 images: Callable[[], AbstractContextManager[Path]] | None = None) -> None:
         self.db_path = db_path
         self.schema = schema
+        self.images = images  # on PostgreSQL: a fresh image of the case's database, per question
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
 
     def _ask(self, question: Any, *args: Any) -> Any:
+        if self.images is not None:
+            return self._ask_image(question, *args)
         with self._lock:
             if self._conn is None:
                 self._conn = open_readonly(self.db_path)
@@ -128,6 +138,17 @@ class Observer:
             finally:
                 if copy is not None:
                     copy.close()
+
+    def _ask_image(self, question: Any, *args: Any) -> Any:
+        assert self.images is not None
+        with self.images() as path:
+            conn = sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True, isolation_level=None)
+            try:
+                # An image with no tables: the server's database holds no schema yet, nothing to find.
+                schema = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                return question(self.schema, conn if schema else None, *args)
+            finally:
+                conn.close()
 
     def ui(self, event: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         return self._ask(ui_durability, event)

@@ -40,12 +40,16 @@ SEEDED = ("random", "generated")  # modes whose case i follows from (seed, i): s
 
 def options(config: CampaignConfig) -> dict[str, Any]:
     """The options that decide which cases a campaign plans, `--faults` aside (shards of one
-    campaign may run under different faults: see the module docstring of supervisor.chaos.merge)."""
+    campaign may run under different faults: see the module docstring of supervisor.chaos.merge).
+    The store only when it is not SQLite's, so that a campaign on SQLite keeps the hash (and the
+    campaign id) it always had, and shards on two engines never merge into one report."""
+    store = getattr(config, "store", "sqlite")
     return {"plan_version": PLAN_VERSION, "mode": config.mode, "seed": config.seed,
             "runs": config.runs if config.mode in SEEDED else None,
             "scenarios": sorted(config.scenarios), "kill_modes": list(config.kill_modes),
             "probes": sorted(config.probes), "limit": config.limit, "case_ids": list(config.case_ids),
-            "target": config.target, "target_options": dict(getattr(config, "target_options", ()))}
+            "target": config.target, "target_options": dict(getattr(config, "target_options", ())),
+            **({"store": store} if store != "sqlite" else {})}
 
 
 def _digest(value: Any) -> str:
@@ -131,7 +135,7 @@ class Plan:
     def record(self) -> dict[str, Any]:
         """What a report says of its campaign (report.json's "campaign")."""
         return {"id": self.campaign_id, "mode": self.options["mode"], "seed": self.options["seed"],
-                "shard": list(self.shard), "options": self.options,
+                "store": self.options.get("store", "sqlite"), "shard": list(self.shard), "options": self.options,
                 "options_hash": self.options_hash, "faults": list(self.faults), "plan_hash": self.plan_hash,
                 "full_plan": self.full, "baselines": list(self.baselines),
                 "planned": None if self.plan_hash is None else [[i, c.case_id] for i, c in self.planned],

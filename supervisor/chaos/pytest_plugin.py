@@ -70,7 +70,7 @@ def campaign_config(text: str) -> tuple[Any, str | None]:
                                 runs=args.runs, jobs=1, shard=args.shard, kill_modes=kill_modes,
                                 limit=args.limit, case_ids=tuple(args.case or ()), probes=tuple(args.probe or ()),
                                 forkserver=not args.no_forkserver, faults=args.faults, target=args.target,
-                                target_options=tuple(sorted(runs[0].items())))
+                                target_options=tuple(sorted(runs[0].items())), store=args.store)
         cli._check_runnable(config, None)
     except cli.UsageError as exc:
         raise pytest.UsageError(f"--hermes-chaos: {exc}") from None

@@ -15,9 +15,10 @@ import sqlite3
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import psutil
 
@@ -32,6 +33,7 @@ from supervisor.chaos.nemesis import Fault
 from supervisor.chaos.nemesis.accounting import account
 from supervisor.chaos.nemesis.family import Nemesis, chosen
 from supervisor.chaos.observe import Observer
+from supervisor.chaos.pgstore import POSTGRES, CaseDatabase, Databases, create_database
 from supervisor.chaos.scenarios import MODEL, SESSION, Scenario
 from supervisor.procs.pool import Pool, WorkerProcess
 from targetkit import registry
@@ -117,14 +119,15 @@ def _claim_dir(root: Path, stem: str) -> Path:
 
 
 class CaseRunner:
-    """Runs one case against a shared model server and process pool."""
+    """Runs one case against a shared model server and process pool (and, with ``--store postgres``,
+    a database of the campaign's PostgreSQL server, from `databases`: see supervisor.chaos.pgstore)."""
 
     BUSY_BUDGET_S = WORKER_BUSY_BUDGET_S  # the workers' busy budget (a fault that holds the lock outlasts it)
     UNREAD = object()  # a snapshot's read of a turn state that failed: read it again on its own
 
     def __init__(self, case: Case, root: Path, base_url: str, pool: Pool, sink: HistoryWriter | None,
                  config: CampaignConfig, on_log: Callable[[WorkerProcess, bytes], None] | None = None,
-                 resources: Mapping[type[Nemesis], Any] | None = None) -> None:
+                 resources: Mapping[type[Nemesis], Any] | None = None, databases: Databases | None = None) -> None:
         self.case = case
         self.scenario: Scenario = scenario_named(case.scenario)
         self.target = registry.get(config.target)
@@ -137,13 +140,17 @@ class CaseRunner:
         self._kill_hooks = [n for n in self.nemeses if type(n).on_kill is not Nemesis.on_kill]
         # Where the case's state lives: its directory, or where a family puts it (a lazy file system).
         state = next((d for d in (n.state_dir() for n in self.nemeses) if d is not None), self.dir)
-        self.db = state / "state.db"
+        self.db = state / "state.db"  # on PostgreSQL: where the final image of its database goes
         self.ledger = state / "effects.db"
+        self.databases = databases
+        self.pg: CaseDatabase | None = None  # the case's database, made when it runs (`--store postgres`)
         self.base_url = base_url
         self.pool = pool
         self.on_log = on_log
         self.history = CaseHistory(case.case_id, sink)
-        self.observer = Observer(self.db, self.target.reader())
+        self.observer = Observer(self.db, self.target.reader(),
+                                 images=self.durable_state if config.store == POSTGRES else None)
+        self._reporting = threading.local()  # the worker whose report this thread is handling
         self._incarnations = 0
         self._where: dict[int, tuple[int, int]] = {}  # incarnation -> (turn, process)
         self._paused = threading.Event()
@@ -157,6 +164,7 @@ class CaseRunner:
 
     # -------------------------------------------------------------- observing
     def _on_message(self, proc: WorkerProcess, msg: dict[str, Any]) -> None:
+        self._reporting.proc = proc
         try:
             self._observe(proc, msg)
         except Exception as exc:  # a harness failure must neither hang the worker nor pass unseen
@@ -244,6 +252,8 @@ class CaseRunner:
             flags.append(f"--faults {','.join(self.config.faults)}")
         if self.config.synchronous != "FULL":
             flags.append(f"--synchronous {self.config.synchronous}")
+        if self.config.store == POSTGRES:
+            flags.append("--store postgres")
         return tuple(flags)
 
     # ---------------------------------------------------------------- running
@@ -260,7 +270,8 @@ class CaseRunner:
         timeout = WORKER_TIMEOUT_S
         for nemesis in self.nemeses:
             timeout = nemesis.worker_timeout(timeout)
-        args = [command, "--db", str(db), "--session", SESSION, "--base-url", url, "--model", MODEL,
+        where = ["--store", self.pg.url] if self.pg is not None else ["--db", str(db)]
+        args = [command, *where, "--session", SESSION, "--base-url", url, "--model", MODEL,
                 "--ledger", str(ledger), "--timeout", str(timeout), "--busy-budget", str(busy_budget),
                 *self.scenario.extra_args(command)]
         if self.config.synchronous != "FULL":
@@ -327,6 +338,8 @@ class CaseRunner:
             proc.wait()
         self.history.record("exit", incarnation=proc.incarnation, pid=proc.pid, returncode=proc.returncode,
                             signal=proc.signal)
+        for nemesis in self.nemeses:
+            nemesis.on_exit(proc)
         self._running.discard(proc.incarnation)
         self._procs.pop(proc.incarnation, None)
         cut = False
@@ -349,7 +362,8 @@ class CaseRunner:
         same copy, which `turn_state` then answers with while no worker has run since."""
         question = None if turn_index is None else (lambda conn: self.read_turn_state(conn, turn_index))
         self._state_seen = self._durable_seen = None
-        durable, state = snapshot_and_ask(self.db, question)
+        with self.durable_state() as path:
+            durable, state = snapshot_and_ask(path, question)
         self.record_snapshot(after, durable, turn_index, state)
 
     def record_snapshot(self, after: str, durable: Durable, turn_index: int | None, state: Any) -> None:
@@ -375,10 +389,14 @@ class CaseRunner:
         seen = self._state_seen
         if seen is not None and not self._running and seen[:2] == (self._incarnations, turn_index):
             return seen[2]
-        if not self.db.exists():
+        with self.durable_state() as path:
+            return self._read_turn_state(path, turn_index)
+
+    def _read_turn_state(self, path: Path, turn_index: int) -> str | None:
+        if not path.exists():
             return None
         try:
-            conn = open_snapshot(self.db)
+            conn = open_snapshot(path)
         except StorageError:
             return None  # created, not yet a database: nothing has started
         try:
@@ -390,11 +408,25 @@ class CaseRunner:
         finally:
             conn.close()
 
+    @contextmanager
+    def durable_state(self) -> Iterator[Path]:
+        """The file to read the case's durable state from now: its SQLite database, or on PostgreSQL
+        a fresh image of its database (removed after the block; supervisor.chaos.pgstore)."""
+        if self.pg is None:
+            yield self.db
+            return
+        with self.pg.image() as path:
+            yield path
+
     # ------------------------------------------------------- for the nemeses
     @property
     def sigkills(self) -> int:
         """Workers of this case that died of SIGKILL so far, whatever killed them."""
         return self._sigkills
+
+    def reporting_worker(self) -> WorkerProcess | None:
+        """The worker whose report is being handled on this thread (in `on_effect`: the one that waits)."""
+        return getattr(self._reporting, "proc", None)
 
     def running_workers(self) -> list[WorkerProcess]:
         """This case's workers not yet reaped, oldest first."""
@@ -430,10 +462,38 @@ class CaseRunner:
             for nemesis in self.nemeses:
                 nemesis.setup()
                 ready.append(nemesis)
+            if self.config.store == POSTGRES:
+                self._create_database()
             return self._run()
         finally:
-            for nemesis in reversed(ready):  # whatever happened: mounts unmounted, storage mended
-                nemesis.teardown()
+            try:
+                if self.pg is not None:
+                    # Its final image is the case's state.db, kept with the case when it fails: the
+                    # database itself would go with the campaign's server anyway.
+                    self._drop_database(self.pg)
+            finally:
+                for nemesis in reversed(ready):  # whatever happened: mounts unmounted, storage mended
+                    nemesis.teardown()
+
+    def _create_database(self) -> None:
+        """The case's own database, on a server of its own if a family gives it one (pg-restart)."""
+        own = next((s for s in (n.server() for n in self.nemeses) if s is not None), None)
+        if own is not None:
+            pg = CaseDatabase(own, self.dir, create_database(own))
+        elif self.databases is not None:
+            pg = CaseDatabase(self.databases.cluster, self.dir, self.databases.take())
+        else:
+            raise RuntimeError("--store postgres: the campaign has no PostgreSQL server for this case")
+        self.pg = pg
+        self.history.record("store", engine=POSTGRES, database=pg.name)
+
+    def _drop_database(self, pg: CaseDatabase) -> None:
+        if self.databases is not None and pg.cluster is self.databases.cluster:
+            self.databases.give_back(pg.name)  # dropped on the campaign's own time
+            return
+        left = pg.drop()  # now: a server lent to this case is lent to another next
+        if left is not None:
+            self.history.record("store", engine=POSTGRES, database=pg.name, not_dropped=left)
 
     def _run(self) -> CaseResult:
         started = time.monotonic()
@@ -444,6 +504,8 @@ class CaseRunner:
         # The state the last snapshot read is the final one if no worker has started since it.
         seen = self._durable_seen
         final = seen[1] if seen is not None and not self._running and seen[0] == self._incarnations else self.db
+        if self.pg is not None:  # the server's state now, imaged where a SQLite case keeps its file
+            final = self.pg.image_to(self.db, durable=True)
         verdict = check_case(final, self.ledger, events, self.scenario.expectation(), planned=self.case.fault,
                              promises=self.target.promises_for(dict(self.config.target_options)))
         self.observer.close()

@@ -211,7 +211,7 @@ def config_of(report: dict[str, Any], jobs: int = 1) -> CampaignConfig:
                           kill_modes=tuple(opts.get("kill_modes") or ("self",)), faults=tuple(campaign.get("faults") or ()),
                           target=opts.get("target") or registry.DEFAULT,
                           target_options=tuple(sorted((opts.get("target_options") or {}).items())),
-                          synchronous=synchronous)
+                          synchronous=synchronous, store=opts.get("store") or "sqlite")
 
 
 def failing_cases(report: dict[str, Any]) -> dict[str, tuple[str, int]]:

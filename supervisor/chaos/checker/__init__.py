@@ -128,17 +128,19 @@ def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[d
     return case
 
 
-def check_structure(db_path: Path, session_id: str | None = None) -> Verdict:
+def check_structure(db_path: Path, session_id: str | None = None, *, name: str | None = None) -> Verdict:
     """The structural invariants (well-formed, no-duplicate-rows, answer-once of 'done'
-    turns) on any hermes database, with no history; composed as "structure".
+    turns) on any hermes database, with no history; composed as "structure". `name`: what to
+    call the database in a message, when `db_path` stands for it (an image of a PostgreSQL store).
     """
     names = (WELL_FORMED, NO_DUPLICATE_ROWS, ANSWER_ONCE)
     d = load_durable(Path(db_path), session_id)
+    where = name or db_path
     reason = None
     if d.missing:
-        reason = f"no hermes database at {db_path}"
+        reason = f"no hermes database at {where}"
     elif d.error is None and session_id is not None and session_id not in d.sessions:
-        reason = f"session {session_id!r} is not in {db_path}"
+        reason = f"session {session_id!r} is not in {where}"
     if reason is not None:  # nothing to judge is not the same as nothing wrong
         return compose([unknown_verdict(n, reason, UNDETERMINED) for n in names], name="structure")
     return compose([well_formed(d), no_duplicate_rows(d), answer_once(d)], name="structure")

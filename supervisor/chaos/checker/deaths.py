@@ -11,6 +11,8 @@ worker that dies for some other reason can never stand in for a kill that did no
     timeout      the supervisor killed it for taking too long
     power-cut    the supervisor killed it with the rest of its case when the power was cut
                  (`--faults power-loss`: the planned kill of another worker of the case landed)
+    server-hang  the supervisor killed it while the nemesis held its server connection stopped
+                 (`--faults pg-hang`: the worker waits on a stopped backend with no deadline of its own)
     unannounced  SIGKILL that neither the worker nor the supervisor announced (something outside)
     SIGxxx       any other signal (a crash)
 
@@ -24,6 +26,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 NEMESIS, SELF, TIMEOUT, UNANNOUNCED, POWER_CUT = "nemesis", "self", "timeout", "unannounced", "power-cut"
+SERVER_HANG = "server-hang"
 
 # What a worker reports over its control channel; anything of these after a kill's report means
 # the worker lived on past the kill it announced.
@@ -58,7 +61,7 @@ def death_causes(events: Sequence[dict[str, Any]]) -> dict[int, str]:
         by = kills.get(inc)
         if signum != signal.SIGKILL:
             causes[inc] = _signal_name(signum)
-        elif by in (TIMEOUT, POWER_CUT):
+        elif by in (TIMEOUT, POWER_CUT, SERVER_HANG):
             causes[inc] = by
         elif by == "timer" or (inc in announced and inc not in lived_on and by in ("self", "supervisor")):
             causes[inc] = NEMESIS

@@ -28,6 +28,9 @@ the hooks of a case it acts at), found through the entry points `hermes_supervis
 * power cuts (`nemesis.powerloss`): `power-loss` runs each case on a lazy file system and makes
   every kill its plan lands a power cut (what was never fsynced is dropped, kept as a prefix or
   as a random subset); `torn-write` tears one unsynced write of each cut at a 512-byte boundary;
+* server faults (`nemesis.server`, ``--store postgres`` only): `pg-terminate` (the server ends the
+  worker's session), `pg-restart` (the server restarts as after a crash, during a turn and during a
+  recovery), `pg-hang` (the worker's backend stops answering until the worker is killed);
 * recovery faults (`nemesis.recovery`): `concurrent-resume` (after the first landed kill,
   `CROWD` resume workers start at once on the interrupted turn; checker: consume-once) and
   `twin-recovery` (two byte-identical copies of the crashed state are each resumed by a

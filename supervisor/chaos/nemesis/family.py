@@ -22,6 +22,7 @@ from targetkit.target import load
 if TYPE_CHECKING:
     from supervisor.chaos.runner import CaseRunner
     from supervisor.procs.pool import WorkerProcess
+    from testkit.pgcluster import PgCluster
     from testkit.script import Script
 
 GROUP = "hermes_supervisor.faults"
@@ -37,6 +38,7 @@ BUILTIN = {
     "twin-recovery": "supervisor.chaos.nemesis.recovery:TwinRecovery",
     "concurrent-resume": "supervisor.chaos.nemesis.recovery:ConcurrentResume",
     "power": "supervisor.chaos.nemesis.powerloss:PowerLoss",
+    "server": "supervisor.chaos.nemesis.server:ServerFaults",
 }
 
 
@@ -50,6 +52,10 @@ class Nemesis:
     FAULTS: ClassVar[tuple[str, ...]] = ()  # the `--faults` names this family answers
     PLANNED: ClassVar[str] = AFTER_A_KILL
     NEVER_REACHED: ClassVar[str] = "the moment it applies at never came"  # a planned fault with no decision
+    # The session stores (`--store`) its faults can be made on. A family that says nothing acts on
+    # the case's SQLite file (`case.db`), which a campaign on PostgreSQL does not have.
+    STORES: ClassVar[tuple[str, ...]] = ("sqlite",)
+    WHY_NOT_ON: ClassVar[str] = "it acts on the case's SQLite database file"  # one line: why the others are refused
 
     def __init__(self, case: CaseRunner, chosen: tuple[str, ...], resource: Any = None) -> None:
         self.case = case          # the case's runner: its files, history, workers and snapshots
@@ -60,6 +66,12 @@ class Nemesis:
     @classmethod
     def check_available(cls, chosen: tuple[str, ...], faults: tuple[str, ...], workdir: Path) -> None:
         """Raise FaultUnavailable when the faults `chosen` cannot be made here (`faults`: all asked for)."""
+
+    @classmethod
+    def check_store(cls, chosen: tuple[str, ...], store: str) -> None:
+        """Raise FaultUnavailable when the faults `chosen` cannot be made on the session store `store`."""
+        if store not in cls.STORES:
+            raise FaultUnavailable(f"--faults {','.join(chosen)} cannot run with --store {store}: {cls.WHY_NOT_ON}")
 
     @classmethod
     def open_resource(cls, chosen: tuple[str, ...]) -> Any:
@@ -74,6 +86,11 @@ class Nemesis:
     # ------------------------------------------------------------ the case's
     def state_dir(self) -> Path | None:
         """Where the case's state lives instead of its directory (None: its directory)."""
+        return None
+
+    def server(self) -> PgCluster | None:
+        """A PostgreSQL server of the case's own, made in `setup`, for its database instead of the
+        campaign's (None: the campaign's). Only asked with ``--store postgres``."""
         return None
 
     def setup(self) -> None:
@@ -92,6 +109,9 @@ class Nemesis:
 
     def on_effect(self) -> None:
         """A tool's effect is about to happen; its worker waits until this returns."""
+
+    def on_exit(self, proc: WorkerProcess) -> None:
+        """A worker of the case was reaped, whatever ended it; nothing has read the state since."""
 
     def on_kill(self, killed: WorkerProcess) -> bool:
         """A kill the nemesis planned landed on `killed`; True when this took the case's exit snapshot."""
@@ -136,6 +156,12 @@ def chosen(faults: tuple[str, ...] | list[str]) -> list[tuple[type[Nemesis], tup
         if mine:
             out.append((family, mine))
     return out
+
+
+def check_store(faults: tuple[str, ...] | list[str], store: str) -> None:
+    """Raise FaultUnavailable for the first family of `faults` that cannot act on the store `store`."""
+    for family, mine in chosen(faults):
+        family.check_store(mine, store)
 
 
 def planned_how(fault: str) -> tuple[str, str]:

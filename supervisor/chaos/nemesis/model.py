@@ -62,6 +62,7 @@ class ModelFaults(Nemesis):
 
     FAULTS = MODEL_FAULTS
     PLANNED = PER_CAMPAIGN
+    STORES = ("sqlite", "postgres")  # the model's faults never touch the store
 
     @classmethod
     def model_script(cls, script: Script, chosen: tuple[str, ...]) -> Script:
@@ -76,6 +77,7 @@ class RefusedModel(Nemesis):
 
     FAULTS = ("refused",)
     NEVER_REACHED = "no worker was started again after a kill"
+    STORES = ("sqlite", "postgres")  # the model's endpoint only
 
     done = False
 

@@ -145,6 +145,8 @@ class PowerLoss(Nemesis):
 
     FAULTS = POWER_FAULTS
     NEVER_REACHED = "no planned kill landed"
+    WHY_NOT_ON = ("it cuts the power under the case's files on a lazy file system, and a PostgreSQL server's "
+                  "files are not the case's")
 
     def __init__(self, case: Any, chosen: tuple[str, ...], resource: Any = None) -> None:
         super().__init__(case, chosen, resource)

@@ -26,6 +26,7 @@ NOT_RUNNING = "no worker was killed while its turn was running"
 class ConcurrentResume(Nemesis):
     FAULTS = ("concurrent-resume",)
     NEVER_REACHED = NOT_RUNNING
+    STORES = ("sqlite", "postgres")  # it starts workers, whatever store they resume from
 
     done = False
 
@@ -49,6 +50,7 @@ class ConcurrentResume(Nemesis):
 class TwinRecovery(Nemesis):
     FAULTS = ("twin-recovery",)
     NEVER_REACHED = NOT_RUNNING
+    WHY_NOT_ON = "it copies the case's SQLite files byte for byte, and resumes each copy"
 
     done = False
 

@@ -305,6 +305,7 @@ class LockedDatabase(Nemesis):
     FAULTS = ("locked",)
     PLANNED = EVERY_CASE
     NEVER_REACHED = "the case reported no tool effect"
+    WHY_NOT_ON = "it holds the SQLite file's write lock"
 
     fired = False
 
@@ -323,6 +324,7 @@ class BrokenStorage(Nemesis):
 
     FAULTS = STORAGE_FAULTS
     NEVER_REACHED = "no killed worker left its turn unfinished"
+    WHY_NOT_ON = "it breaks the case's SQLite file (a full tmpfs, a read-only file, damaged pages)"
 
     def __init__(self, case: Any, chosen: tuple[str, ...], resource: Any = None) -> None:
         super().__init__(case, chosen, resource)

@@ -31,6 +31,9 @@ def table(summary: dict[str, Any]) -> str:
         lines += [f"power cuts {power_text(summary)}", ""]
     if summary.get("coverage"):
         lines += [*coverage_lines(summary["coverage"]), ""]
+    store = store_text(summary)
+    if store:
+        lines += [store, ""]
     lines.append(_totals(summary))
     note = partial_note(summary)
     if note:
@@ -65,6 +68,14 @@ def partial_note(summary: dict[str, Any]) -> str | None:
         " (stopped before the plan was derived, so the cases after the fault-free runs are unknown)"
     return (f"PARTIAL report: {summary['cases']} case(s) ran, {len(missing)} planned case(s) did not"
             f"{f' (stopped by {why})' if why else ''}{plan}")
+
+
+def store_text(summary: dict[str, Any]) -> str | None:
+    """Where the campaign's workers kept their sessions, when not in SQLite files (the default)."""
+    store = (summary.get("campaign") or {}).get("store")
+    if store in (None, "sqlite"):
+        return None
+    return f"store {store}: each case a database of its own on a private server, judged through SQLite images of it"
 
 
 def other_deaths_text(summary: dict[str, Any]) -> str:
@@ -136,7 +147,8 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = ["# Chaos campaign", "", f"Verdict: **{verdict_word(summary)}**: {_totals(summary)}.", ""]
     campaign = summary.get("campaign")
     if campaign:
-        lines += [f"Campaign `{campaign.get('id')}`, {shard_text(campaign)}, plan `{campaign.get('plan_hash')}`.", ""]
+        lines += [f"Campaign `{campaign.get('id')}`, {shard_text(campaign)}, plan `{campaign.get('plan_hash')}`, "
+                  f"store `{campaign.get('store') or 'sqlite'}`.", ""]
     note = partial_note(summary)
     if note:
         lines += [f"**{note}.**", ""]
