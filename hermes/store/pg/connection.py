@@ -45,6 +45,7 @@ from hermes.ids import validate_session_id
 from hermes.store.connection import DEFAULT_BUSY_BUDGET_S, Storage
 from hermes.store.errors import LeaseLostError, StorageError
 from hermes.store.pg import failure, schema
+from hermes.store.pg.deadline import MARGIN_S, Deadline
 from hermes.store.pg.driver import pq, psycopg
 
 _T = TypeVar("_T")
@@ -106,6 +107,8 @@ class PgStorage:
     ``readonly=True`` reads through a connection whose every transaction is read-only;
     ``snapshot=True`` reads one REPEATABLE READ snapshot taken at open, for the life of the
     object. Neither writes a row (writes raise "attempt to write a readonly database").
+    ``statement_deadline_s``: a call into the server that lasts longer has its connection cut and
+    fails as a lost connection (default: the busy budget plus ``deadline.MARGIN_S``).
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class PgStorage:
         snapshot: bool = False,
         connect_timeout_s: float = 10.0,
         application_name: str = "hermes-supervisor",
+        statement_deadline_s: float | None = None,
     ) -> None:
         if synchronous.upper() not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
@@ -136,6 +140,10 @@ class PgStorage:
         # session id -> the fleet claim (owner, epoch) this process works under (hermes.store.pg.claims).
         self._claims: dict[str, tuple[str, int]] = {}
         self._closed = False
+        # Every call into the server is cut past this (hermes.store.pg.deadline): a hung connection
+        # fails as a lost one instead of holding its caller forever.
+        self._deadline = Deadline(statement_deadline_s if statement_deadline_s is not None
+                                  else busy_budget_s + MARGIN_S)
         self._conn: psycopg.Connection[Any] | None = None
         self._conn = self._open()
 
@@ -239,6 +247,14 @@ class PgStorage:
         message = (exc.diag.message_primary if exc.sqlstate else None) or str(exc)
         return failure.wrap(kind, message, exc.sqlstate, connection_lost=lost, session_row_missing=missing)
 
+    def _call_failure(self, exc: psycopg.Error, conn: psycopg.Connection[Any], cut_before: int
+                      ) -> failure.PgStoreError:
+        """`_failure`, saying so when the deadline cut the call (`cut_before`: its count at the call's start)."""
+        if self._deadline.cut == cut_before:
+            return self._failure(exc, conn)
+        return failure.wrap("operational", f"the store gave no answer in {self._deadline.seconds:g}s (the connection "
+                            "hung); the connection was cut", None, connection_lost=True)
+
     @staticmethod
     def _rollback(conn: psycopg.Connection[Any]) -> None:
         if conn.closed:
@@ -264,8 +280,9 @@ class PgStorage:
         delay = 0.001
         while True:
             committing = False
+            cut = self._deadline.cut
             try:
-                with conn.cursor() as cur:
+                with self._deadline.guard(conn.fileno()), conn.cursor() as cur:
                     cur.execute("BEGIN")
                     if barrier and self.synchronous != "FULL":
                         cur.execute("SET LOCAL synchronous_commit = on")
@@ -283,7 +300,7 @@ class PgStorage:
                     time.sleep(delay * random.uniform(0.5, 1.5))
                     delay = min(delay * 2, _MAX_RETRY_DELAY_S)
                     continue
-                raise self._failure(exc, conn) from exc
+                raise self._call_failure(exc, conn, cut) from exc
             except BaseException:
                 self._rollback(conn)
                 raise
@@ -333,13 +350,14 @@ class PgStorage:
         """(column names, rows) of one read, in its own transaction (in snapshot mode: the snapshot's)."""
         with self._lock:
             conn = self._connection()
+            cut = self._deadline.cut
             try:
-                with conn.cursor() as cur:
+                with self._deadline.guard(conn.fileno()), conn.cursor() as cur:
                     cur.execute(sql, tuple(params))
                     names = [d.name for d in cur.description or ()]
                     return names, cur.fetchall()
             except psycopg.Error as exc:
-                raise self._failure(exc, conn) from exc
+                raise self._call_failure(exc, conn, cut) from exc
 
     def _read(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         names, rows = self._query(sql, params)

@@ -52,6 +52,9 @@ _BY_SQLSTATE = {
 # libpq's own words for a connection that is gone or never came (no SQLSTATE: the client says them).
 _CONNECTION_MARKERS = (
     "server closed the connection",
+    "connection to server",     # libpq: 'connection to server on socket "..." failed: ...'
+    "timeout expired",          # libpq's connect_timeout
+    "the store gave no answer",  # hermes.store.pg.deadline: a statement past its deadline
     "connection is closed",
     "connection is lost",
     "connection failed",

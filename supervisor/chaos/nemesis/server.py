@@ -27,8 +27,10 @@ worker's effect and the others move one worker on.
   runs) say they are, and their verdicts would judge something else than they name.
 * `pg-hang`: the backend serving the worker is SIGSTOPped at the effect (seen idle first, waiting
   for its client, so it holds no lock another case could wait on), and the worker's next statement
-  is never answered. The worker sets itself no deadline on a statement, so the nemesis plays its
-  supervisor: once the worker has outlived `HANG_S` it is killed (SIGKILL, counted apart as a
+  is never answered. The worker would cut the connection itself past its statement deadline
+  (hermes.store.pg.deadline: the busy budget plus half a minute, tests/test_pg_deadline.py), far
+  longer than a case should take, so the nemesis plays its supervisor: once the worker has
+  outlived `HANG_S` it is killed (SIGKILL, counted apart as a
   ``server-hang`` death), and only then is the backend continued and seen gone, before anything
   reads the case's state again (`on_exit`): whatever the stopped backend still had to do with what
   its dead client sent is done (or undone) before the state is judged. A worker that ends on its
