@@ -67,13 +67,13 @@ class Fleet:
             self._forget(session)
         return lost
 
-    def claim(self, limit: int, skip: set[str]) -> list[str]:
-        """Claim up to `limit` more sessions with a turn to run (none of `skip`, nor one held)."""
+    def claim(self, limit: int) -> list[str]:
+        """Claim up to `limit` more sessions with a turn to run."""
         if limit <= 0:
             return []
         if not self.held:
             self._next_renewal = time.monotonic() + self.ttl_s / 3
-        taken = self.db.claim_sessions(self.owner, self.ttl_s, limit, sorted(skip | set(self.held)))
+        taken = self.db.claim_sessions(self.owner, self.ttl_s, limit, sorted(self.held))
         for session, epoch in taken:
             self.held[session] = epoch
             self.db.hold_claim(session, self.owner, epoch)

@@ -8,6 +8,10 @@ backoff or gives it up (`collect_exits`: supervisor.daemon.restarts, supervisor.
 A turn over its time is killed (`check_timeouts`); a cancel request is recorded durably and the
 turn's worker killed (`cancel`: supervisor.daemon.cancels).
 
+In a fleet (supervisor.daemon.fleet) a daemon first claims sessions in the shared store, up to its
+`workers`, and leases turns of the sessions it holds only; it renews its claims, kills the worker
+of a session another daemon took over, and gives a session back once nothing of it is left to run.
+
 The daemon owns the database, the launcher, the restart policy, the cancel requests, the counters
 and the status file; a lease changes them through `self.daemon`.
 """
@@ -114,7 +118,7 @@ class Leasing:
             self.enforce_cancels()
             self.give_up_cancelled()
         if fleet is not None:  # take free sessions up to the workers this daemon may run
-            fleet.claim(self.daemon.config.workers - len(fleet.held), skip=set())
+            fleet.claim(self.daemon.config.workers - len(fleet.held))
         if len(self.leases) >= self.daemon.config.workers and fleet is None:
             return
         now = time.monotonic()
