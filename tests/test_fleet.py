@@ -29,6 +29,13 @@ def fleet_args(url: str, home: Path, ledger: Path, model: ScriptedModelServer, *
             "--workers", "2", *extra]
 
 
+def start_fleet(daemons: Daemons, tmp_path: Path, url: str, model: ScriptedModelServer,
+                env: dict[str, str]) -> list[Any]:
+    """Daemons a and b on `url`, each with its home under `tmp_path`, sharing one effects ledger."""
+    return [daemons(None, *fleet_args(url, tmp_path / name, tmp_path / "effects.db", model), env=env,
+                    files=tmp_path / name / "fleet") for name in ("a", "b")]
+
+
 def store_turns(url: str) -> list[dict[str, Any]]:
     from hermes.store.pg.sessiondb import PgSessionDB
 
@@ -58,64 +65,6 @@ def counts(url: str) -> dict[str, int]:
     return out
 
 
-def test_two_daemons_one_sigkilled_mid_turn_finish_200_turns_exactly_once(
-        tmp_path: Path, daemons: Daemons, pg_url: str) -> None:  # noqa: F811
-    env = env_for(tmp_path)
-    ledger = tmp_path / "effects.db"
-    # The turn "held": its first worker's answer is held back by the model until the daemon running
-    # it is dead (the worker waits mid-turn, its tool call and result durable); its second worker is
-    # answered at once. Every other turn: one lookup, then the answer.
-    reached, release = threading.Event(), threading.Event()
-    held_answers: list[int] = []
-    quick = slow_script({}, others=0.0)
-
-    def script(messages: list[dict]) -> Reply:
-        if last_user_text(messages) == "held" and reply_index(messages) == 1:
-            held_answers.append(1)
-            if len(held_answers) == 1:
-                reached.set()
-                release.wait(120)
-        return quick(messages)
-
-    with ScriptedModelServer(script) as model:
-        fleet = [daemons(None, *fleet_args(pg_url, tmp_path / name, ledger, model), env=env,
-                         files=tmp_path / name / "fleet") for name in ("a", "b")]
-        inbox.submit(pg_url, "s-held", "held", "t-held")
-        for i in range(199):
-            inbox.submit(pg_url, f"s{i % 19:02d}", f"message {i}", f"t{i:03d}")
-        try:
-            wait_for("a worker to wait for the held turn's answer", reached.is_set, timeout=60)
-            victim = next(d for d in fleet if any(w["turn"] == "t-held" for w in d.live_workers()))
-            survivor = next(d for d in fleet if d is not victim)
-            workers = victim.live_workers()
-            # SIGKILL that daemon, mid-turn (only the daemon: its workers see their channel close and
-            # kill themselves).
-            os.kill(victim.pid, signal.SIGKILL)
-            victim.proc.wait(30)
-            wait_for("the killed daemon's workers to be gone", lambda: not any(
-                inbox.process_alive(w["pid"], w["create_time"]) for w in workers))
-        finally:
-            release.set()
-        wait_for("all 200 turns to end", lambda: sum(counts(pg_url).get(s, 0) for s in ("done", "failed")) == 200,
-                 timeout=240, every=0.2)
-        assert survivor.stop() == 0
-
-    turns = {t["id"]: t for t in store_turns(pg_url)}
-    assert {t["state"] for t in turns.values()} == {"done"}, counts(pg_url)
-    assert turns["t-held"]["attempts"] == 2  # the killed daemon's worker, then the survivor's
-    assert len(held_answers) == 2
-    # Exactly once: each turn has one user row and one final answer, in its session's order.
-    for session in {t["session_id"] for t in turns.values()}:
-        rows = [r for r in session_rows(pg_url, session) if r["cloned_from"] is None]
-        users = [r["turn_id"] for r in rows if r["role"] == "user"]
-        answers = [r["turn_id"] for r in rows if r["role"] == "assistant" and r["content"] and not r["tool_calls"]]
-        expected = [t for t in turns.values() if t["session_id"] == session]  # get_turns: submission order
-        assert users == [t["id"] for t in expected] == answers, session
-    assert_store_clean(pg_url, env)
-    # Nothing a daemon started is left (the victim's by their channel closing; the survivor's by its drain).
-    assert not victim.survivors(timeout=10) and not survivor.survivors(timeout=10)
-
-
 class HeldTurn:
     """A model whose answer to the turn "held" waits, for its first worker only, until `release`."""
 
@@ -139,6 +88,49 @@ def running_held(fleet: list[Any]) -> tuple[Any, Any]:
     return victim, next(d for d in fleet if d is not victim)
 
 
+def test_two_daemons_one_sigkilled_mid_turn_finish_200_turns_exactly_once(
+        tmp_path: Path, daemons: Daemons, pg_url: str) -> None:  # noqa: F811
+    env = env_for(tmp_path)
+    # The turn "held" is held mid-turn (its tool call and result durable) until the daemon running it
+    # is dead; its second worker is answered at once. Every other turn: one lookup, then the answer.
+    script = HeldTurn()
+    with ScriptedModelServer(script) as model:
+        fleet = start_fleet(daemons, tmp_path, pg_url, model, env)
+        inbox.submit(pg_url, "s-held", "held", "t-held")
+        for i in range(199):
+            inbox.submit(pg_url, f"s{i % 19:02d}", f"message {i}", f"t{i:03d}")
+        try:
+            wait_for("a worker to wait for the held turn's answer", script.reached.is_set, timeout=60)
+            victim, survivor = running_held(fleet)
+            workers = victim.live_workers()
+            # SIGKILL that daemon, mid-turn (only the daemon: its workers see their channel close and
+            # kill themselves).
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.proc.wait(30)
+            wait_for("the killed daemon's workers to be gone", lambda: not any(
+                inbox.process_alive(w["pid"], w["create_time"]) for w in workers))
+        finally:
+            script.release.set()
+        wait_for("all 200 turns to end", lambda: sum(counts(pg_url).get(s, 0) for s in ("done", "failed")) == 200,
+                 timeout=240, every=0.2)
+        assert survivor.stop() == 0
+
+    turns = {t["id"]: t for t in store_turns(pg_url)}
+    assert {t["state"] for t in turns.values()} == {"done"}, counts(pg_url)
+    assert turns["t-held"]["attempts"] == 2  # the killed daemon's worker, then the survivor's
+    assert script.answers == 2
+    # Exactly once: each turn has one user row and one final answer, in its session's order.
+    for session in {t["session_id"] for t in turns.values()}:
+        rows = [r for r in session_rows(pg_url, session) if r["cloned_from"] is None]
+        users = [r["turn_id"] for r in rows if r["role"] == "user"]
+        answers = [r["turn_id"] for r in rows if r["role"] == "assistant" and r["content"] and not r["tool_calls"]]
+        expected = [t for t in turns.values() if t["session_id"] == session]  # get_turns: submission order
+        assert users == [t["id"] for t in expected] == answers, session
+    assert_store_clean(pg_url, env)
+    # Nothing a daemon started is left (the victim's by their channel closing; the survivor's by its drain).
+    assert not victim.survivors(timeout=10) and not survivor.survivors(timeout=10)
+
+
 def final_answers(url: str, session: str, turn: str) -> list[str]:
     return [r["content"] for r in session_rows(url, session) if r["turn_id"] == turn and r["role"] == "assistant"
             and r["content"] and not r["tool_calls"] and r["cloned_from"] is None]
@@ -152,8 +144,7 @@ def test_a_paused_daemon_loses_its_session_and_its_worker_writes_nothing_after(
     env = env_for(tmp_path)
     model_script = HeldTurn()
     with ScriptedModelServer(model_script) as model:
-        fleet = [daemons(None, *fleet_args(pg_url, tmp_path / name, tmp_path / "effects.db", model), env=env,
-                         files=tmp_path / name / "fleet") for name in ("a", "b")]
+        fleet = start_fleet(daemons, tmp_path, pg_url, model, env)
         inbox.submit(pg_url, "s-held", "held", "t-held")
         stopped: list[int] = []
         try:
@@ -192,8 +183,7 @@ def test_a_cancel_taken_by_any_daemon_stops_the_turn_where_it_runs(
     env = env_for(tmp_path)
     model_script = HeldTurn()
     with ScriptedModelServer(model_script) as model:
-        fleet = [daemons(None, *fleet_args(pg_url, tmp_path / name, tmp_path / "effects.db", model), env=env,
-                         files=tmp_path / name / "fleet") for name in ("a", "b")]
+        fleet = start_fleet(daemons, tmp_path, pg_url, model, env)
         inbox.submit(pg_url, "s-held", "held", "t-held")
         try:
             wait_for("a worker to wait for the held turn's answer", model_script.reached.is_set, timeout=60)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from logcapture import Capture
 
 from bench.api import ApiClient, ApiError, Event, EventStream, HttpDaemon
 from hermes.state import SessionDB, connect_readonly
@@ -567,21 +568,6 @@ def _read_all(sock: socket.socket) -> bytes:
         out += chunk
 
 
-class _Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage()
-        if record.exc_info:
-            text += "\n" + logging.Formatter().formatException(record.exc_info)
-        self.lines.append(text)
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-
 class InProcess:
     """The HTTP API of a stand-in daemon on a database of the test's own, served in this process,
     with its limits set small by the test; its log captured."""
@@ -599,7 +585,7 @@ class InProcess:
         for name, value in limits.items():
             setattr(self.api, name, value)
         self.url = self.api.start()
-        self.log = _Capture()
+        self.log = Capture()
         for name in ("uvicorn", "hermes.daemon"):
             logging.getLogger(name).addHandler(self.log)
         from supervisor.daemon.log import log as daemon_log

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from logcapture import Capture
 from pgfixtures import pg_cluster, pg_url, require_psycopg  # noqa: F401  (pytest finds fixtures by name)
 
 from bench.api import ApiClient, EventStream
@@ -106,21 +107,6 @@ def _steps() -> list[Callable[[Any], None]]:
     return [first, results_then_blank, filled_and_ended, compacted, given_up]
 
 
-class _Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage()
-        if record.exc_info:
-            text += "\n" + logging.Formatter().formatException(record.exc_info)
-        self.lines.append(text)
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-
 class PgApi:
     """The HTTP API of a stand-in daemon whose store is `url`, served in this process; its log captured."""
 
@@ -135,7 +121,7 @@ class PgApi:
                                        config=types.SimpleNamespace(synchronous=synchronous, workers=1),
                                        wake=self._wake, metrics=DaemonMetrics(), totals={}, leases={},
                                        state="running")
-        self.log = _Capture()
+        self.log = Capture()
         self._loggers = [logging.getLogger("uvicorn"), daemon_log]
         for logger in self._loggers:
             logger.addHandler(self.log)
