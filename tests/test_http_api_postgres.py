@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from logcapture import Capture
+from api_helpers import Capture, drain
 from pgfixtures import pg_cluster, pg_url, require_psycopg  # noqa: F401  (pytest finds fixtures by name)
 
 from bench.api import ApiClient, EventStream
@@ -41,15 +41,6 @@ CALLS = [{"id": f"c{i}", "type": "function", "function": {"name": "lookup", "arg
 
 
 # ------------------------------------------------------------------ helpers
-def _drain(feed: Any) -> list[Any]:
-    out: list[Any] = []
-    while True:
-        batch = feed.poll()
-        if not batch:
-            return out
-        out += batch
-
-
 def _pg_reader(url: str) -> Any:
     """A read connection as the API opens one (every transaction read-only)."""
     from supervisor.daemon.reads import PgReads
@@ -177,9 +168,9 @@ def test_the_feed_of_a_postgresql_session_is_the_feed_of_the_same_sqlite_session
         for step in _steps():
             step(lite)
             step(pg)
-            sent = _drain(lite_feed)
+            sent = drain(lite_feed)
             assert sent, step.__name__
-            assert _drain(pg_feed) == sent, step.__name__
+            assert drain(pg_feed) == sent, step.__name__
             everything += sent
         kinds = [e.kind for e in everything]
         assert kinds == ["user", "interim", "tool_call", "tool_call", "tool_result", "tool_result", "answer",
@@ -190,10 +181,10 @@ def test_the_feed_of_a_postgresql_session_is_the_feed_of_the_same_sqlite_session
         assert everything[9].data["content"] == [{"type": "text", "text": "a part"}, {"type": "text", "text": "another"}]
         for cut, event in enumerate([None, *everything]):
             after = event.id if event is not None else 0
-            assert _drain(SessionFeed(pg_conn, "s", after=after, batch=3)) == everything[cut:]
+            assert drain(SessionFeed(pg_conn, "s", after=after, batch=3)) == everything[cut:]
         # A poll bounded by bytes reads about what it sends (sizes first, then those rows) and loses nothing.
-        assert _drain(SessionFeed(pg_conn, "s", max_bytes=1)) == everything
-        assert _drain(SessionFeed(pg_conn, "other")) == []
+        assert drain(SessionFeed(pg_conn, "s", max_bytes=1)) == everything
+        assert drain(SessionFeed(pg_conn, "other")) == []
     finally:
         lite_conn.close()
         pg_conn.close()
@@ -280,7 +271,7 @@ def test_every_route_answers_on_postgresql(pg_url: str, tmp_path: Path) -> None:
             stream.close()
         conn = _pg_reader(pg_url)
         try:
-            expected = _as_tuples(_drain(SessionFeed(conn, "s-api")))
+            expected = _as_tuples(drain(SessionFeed(conn, "s-api")))
         finally:
             conn.close()
         assert _as_tuples(got) == expected
@@ -349,16 +340,25 @@ def _lsn(url: str, what: str) -> int:
 
 @contextlib.contextmanager
 def wal_writer_paused(url: str) -> Iterator[None]:
-    """The cluster's WAL writer stopped (SIGSTOP by the pid the server reports, SIGCONT after): a
-    commit at synchronous_commit = off then stays unflushed until someone flushes it."""
+    """Every process of the cluster that flushes WAL on its own stopped (SIGSTOP by the pids the server
+    reports, SIGCONT after): the WAL writer, and the background writer and checkpointer, which flush
+    WAL up to a dirty page's LSN before writing the page out. A commit at synchronous_commit = off
+    then stays unflushed until someone flushes it."""
     psycopg = require_psycopg()
     with psycopg.connect(url, autocommit=True) as conn:
-        pid = int(conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").fetchone()[0])
-    os.kill(pid, signal.SIGSTOP)
+        pids = [int(row[0]) for row in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type IN ('walwriter', 'background writer', "
+            "'checkpointer')").fetchall()]
+    assert len(pids) == 3, pids
+    stopped: list[int] = []
     try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
         yield
     finally:
-        os.kill(pid, signal.SIGCONT)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
 
 
 def test_below_full_nothing_is_sent_before_it_is_durable(own_url: str, tmp_path: Path) -> None:
