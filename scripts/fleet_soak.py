@@ -56,6 +56,7 @@ from bench.procs import note_descendants, sigkill_survivors  # noqa: E402
 from hermes.store.engines import open_store  # noqa: E402
 from scripts import soak_common  # noqa: E402
 from supervisor.daemon import inbox  # noqa: E402
+from supervisor.procs.pool import child_env  # noqa: E402
 from testkit.pgcluster import PgCluster, PgClusterError  # noqa: E402
 
 DATABASE = "fleet_soak"
@@ -119,13 +120,6 @@ class FleetSoakResult:
                 f"restart(s) (down {downs}; {self.loop_errors} daemon loop errors logged); at most "
                 f"{self.most_attempts} worker starts for a turn; {self.processes_seen} processes seen, "
                 f"{len(self.survivors)} left; cluster {'stopped' if self.cluster_stopped else 'NOT stopped'}")
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return env
 
 
 @dataclass
@@ -245,7 +239,7 @@ class FleetSoak:
                "--workers", str(self.config.workers), "--json-logs", "--log-file", str(member.log),
                "--backoff-base", "0.05", "--backoff-max", "1", "--crash-limit", str(self.config.crash_limit),
                "--max-attempts", str(self.config.max_attempts), "--drain-seconds", str(self.config.drain_seconds)]
-        member.proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+        member.proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                        start_new_session=True)
         out.close()
 
@@ -468,7 +462,7 @@ class FleetSoak:
     def _check_store(self) -> None:
         """`hermes-supervisor check --store URL`: the structural invariants of the whole store."""
         done = subprocess.run([sys.executable, "-m", "supervisor", "check", "--store", self.url], cwd=REPO,
-                              env=_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+                              env=child_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
         (self.dir / "check.json").write_text(done.stdout + done.stderr, encoding="utf-8")
         if done.returncode != 0:
             tail = (done.stdout.strip() or done.stderr.strip()).splitlines()[-3:]

@@ -49,6 +49,7 @@ from hermes.state import SessionDB  # noqa: E402
 from scripts import soak_common  # noqa: E402
 from supervisor.chaos.checker import check_structure  # noqa: E402
 from supervisor.daemon import inbox  # noqa: E402
+from supervisor.procs.pool import child_env  # noqa: E402
 
 
 @dataclass
@@ -101,13 +102,6 @@ class SoakResult:
                 f"; {self.processes_seen} processes seen, {len(self.survivors)} left")
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 class Soak:
     def __init__(self, config: SoakConfig) -> None:
         self.config = config
@@ -152,7 +146,7 @@ class Soak:
                "--backoff-base", "0.05", "--backoff-max", "1", "--crash-limit", str(self.config.crash_limit),
                "--max-attempts", str(self.config.max_attempts),
                "--drain-seconds", str(self.config.drain_seconds)]
-        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 start_new_session=True)
         out.close()
         self.daemons.append(proc)

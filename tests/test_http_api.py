@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from logcapture import Capture
+from api_helpers import Capture, drain
 
 from bench.api import ApiClient, ApiError, Event, EventStream, HttpDaemon
 from hermes.state import SessionDB, connect_readonly
@@ -472,15 +472,6 @@ def test_a_client_sees_every_durable_row_once_across_worker_and_daemon_sigkills(
 
 
 # ------------------------------------------------------------ the feed, in-process
-def _drain(feed: Any) -> list[Any]:
-    out: list[Any] = []
-    while True:
-        batch = feed.poll()
-        if not batch:
-            return out
-        out += batch
-
-
 def test_the_feed_is_derived_from_durable_rows_and_never_changes_what_it_sent(tmp_path: Path) -> None:
     from hermes.compaction import SUMMARY_PREFIX
     from hermes.state import SessionDB
@@ -495,20 +486,20 @@ def test_the_feed_is_derived_from_durable_rows_and_never_changes_what_it_sent(tm
     db.write_pending("s", [{"role": "assistant", "content": "let me look", "tool_calls": calls, "_turn_id": "t1"}])
     conn = connect_readonly(path)
     feed = SessionFeed(conn, "s", batch=2)  # small batches: a turn's end may not run ahead of its rows
-    first = _drain(feed)
+    first = drain(feed)
     assert [e.kind for e in first] == ["user", "interim", "tool_call", "tool_call"]
     assert [e.id % ROW_SPAN for e in first] == [0, 0, 1, 2]
     db.write_pending("s", [{"role": "tool", "name": "lookup", "content": f"r{i}", "tool_call_id": f"c{i}",
                             "_turn_id": "t1"} for i in range(2)])
     db.write_pending("s", [{"role": "assistant", "content": None, "_turn_id": "t1"}])  # blank: may be filled
-    held = _drain(feed)
+    held = drain(feed)
     assert [e.kind for e in held] == ["tool_result", "tool_result"]  # the blank row waits
     blank = db.get_messages("s")[-1]["id"]
     db.write_pending("s", [{"role": "assistant", "content": "the answer", "_row_id": blank, "_turn_id": "t1"}])
     db.finish_turn("t1", "done")
     db.submit_turn("s", "t2", "never ran")
     db.finish_turn("t2", "failed", "gave up")  # no row at all: its end comes after t1's
-    ended = _drain(feed)
+    ended = drain(feed)
     assert [(e.kind, e.id) for e in ended] == [("answer", blank * ROW_SPAN), ("turn_done", blank * ROW_SPAN + END_SUB),
                                                ("turn_failed", blank * ROW_SPAN + END_SUB + 1)]
     assert ended[0].data["content"] == "the answer"
@@ -521,16 +512,16 @@ def test_the_feed_is_derived_from_durable_rows_and_never_changes_what_it_sent(tm
                            watermark=watermark)
     db.write_pending("s", [{"role": "assistant", "content": "done again", "_turn_id": "t3"}])
     db.finish_turn("t3", "done")
-    later = _drain(feed)
+    later = drain(feed)
     assert [e.kind for e in later] == ["user", "summary", "answer", "turn_done"]
     everything = first + held + ended + later
     assert [e.id for e in everything] == sorted({e.id for e in everything})
 
     # Any reader, from any cursor, sees the same events with the same ids.
-    assert _drain(SessionFeed(conn, "s")) == everything
+    assert drain(SessionFeed(conn, "s")) == everything
     for cut, event in enumerate(everything):
-        assert _drain(SessionFeed(conn, "s", after=event.id, batch=3)) == everything[cut + 1:]
-    assert _drain(SessionFeed(conn, "other")) == []
+        assert drain(SessionFeed(conn, "s", after=event.id, batch=3)) == everything[cut + 1:]
+    assert drain(SessionFeed(conn, "other")) == []
     conn.close()
     db.close()
 
@@ -910,7 +901,7 @@ def test_a_stream_that_is_not_read_holds_a_bounded_buffer_and_resumes(tmp_path: 
         # Nothing was dropped: read on, and every event arrives once, in order, the answers whole.
         reading = connect_readonly(db)
         try:
-            expected = [(e.id, e.kind) for e in _drain(SessionFeed(reading, "big"))]
+            expected = [(e.id, e.kind) for e in drain(SessionFeed(reading, "big"))]
         finally:
             reading.close()
         got: list[tuple[int, str]] = []

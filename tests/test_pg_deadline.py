@@ -7,9 +7,9 @@ import signal
 import sqlite3
 
 import pytest
+from pgfixtures import pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 from hermes import persistence_failure
-from pgfixtures import pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 
 @pytest.mark.parametrize("call", ["write", "read"])
