@@ -190,6 +190,7 @@ def _list_targets() -> str:
             continue
         problem = target.missing()
         lines.append(f"{name}  {target.description}{'' if problem is None else '  [not installed: ' + problem + ']'}")
+        lines.append(f"    {target.workers()}")
         for key, option in target.options.items():
             lines.append(f"    --target-option {key}={'|'.join(option.choices)}  (default {option.default})"
                          f"{': ' + option.help if option.help else ''}")

@@ -9,8 +9,11 @@ Stability: the names exported here keep their meaning and signatures through eve
 A change that would break one keeps the old spelling working, with a DeprecationWarning, for at
 least one release first. Anything not exported here may change.
 """
+from typing import Any
+
 from targetkit.registry import GROUP, UnknownTarget
 from targetkit.schema import SchemaReader, Stored, TurnRow
+from targetkit.sql import SqlReader
 from targetkit.target import (
     ANY,
     EFFECT_MISMATCH,
@@ -24,10 +27,25 @@ from targetkit.target import (
     Promises,
     Target,
     TargetOption,
+    at_least_once_framework,
+    plain_loop,
 )
 
 __all__ = [
-    "ANY", "EFFECT_MISMATCH", "FULL_PROMISES", "GROUP", "INTENT_NOT_DURABLE", "RAN_UNDISPATCHED",
-    "REQUEST_NOT_DURABLE", "RERUN", "RERUN_AFTER_CHECKPOINT_KILL", "OptionError", "Promises", "SchemaReader",
-    "Stored", "Target", "TargetOption", "TurnRow", "UnknownTarget",
+    "ANY", "AT_MOST_ONCE", "EFFECT_MISMATCH", "FULL_PROMISES", "GROUP", "IDEMPOTENT", "INTENT_NOT_DURABLE",
+    "RAN_UNDISPATCHED", "REQUEST_NOT_DURABLE", "RERUN", "RERUN_AFTER_CHECKPOINT_KILL", "UNKNOWN_OUTCOME",
+    "OptionError", "Promises", "SchemaReader", "SqlReader", "Stored", "Target", "TargetOption", "TurnContext",
+    "TurnRow", "UnknownTarget", "at_least_once_framework", "plain_loop",
 ]
+
+# The loop kit imports the runtime's tool layer (pydantic): loaded on first use, so that the
+# supervisor, which reads target records on every start, never pays for it.
+_LOOP = frozenset({"AT_MOST_ONCE", "IDEMPOTENT", "UNKNOWN_OUTCOME", "TurnContext"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LOOP:
+        from targetkit import loop
+
+        return getattr(loop, name)
+    raise AttributeError(f"module 'targetkit' has no attribute {name!r}")

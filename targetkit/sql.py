@@ -11,9 +11,9 @@ things are; the reader turns their rows into the checker's model (`targetkit.sch
   `tool_call_id`, `attempt` and `policy` (``idempotent`` or ``at_most_once``), same parameter.
 
 Turns are read from the rows: a row without a `turn_id` belongs to the turn of the last user
-row before it, the k-th user row of a session starting `turn-k`; a turn is `done` once it has a
-final answer (an assistant row with text and no tool calls), else `running`. A store that keeps
-no turn ids therefore needs none.
+row before it, the user row at index k of a session (counting from 0) starting `turn-k`; a turn
+is `done` once it has a final answer (an assistant row with text and no tool calls), else
+`running`. A store that keeps no turn ids therefore needs none.
 """
 from __future__ import annotations
 

@@ -60,6 +60,24 @@ class Promises:
     contract: str = ""
 
 
+def plain_loop(claims: str) -> Promises:
+    """What a hand-written agent loop usually promises: its transcript (no row lost or duplicated,
+    every call answered once, one answer a turn, an at-most-once tool never run twice, nothing shown
+    before it is saved), but no dispatch intent written before a tool runs and no retraction of
+    streamed text. A finding that rests only on those two is a `contract` finding, not `damage`.
+    `claims`: the document that says what the loop does claim."""
+    return Promises(dispatch_intents=False, stream_retraction=False, claims=claims)
+
+
+def at_least_once_framework(claims: str, rerun_doc: str) -> Promises:
+    """What a framework of checkpointed steps (LangGraph's nodes) usually promises: a step's writes
+    are saved once it returns, and a step a kill stopped mid-way runs again on resume, as `rerun_doc`
+    documents (such a rerun is documented behaviour). It writes no dispatch intents, shows a step's
+    output before its checkpoint is saved, and retracts no streamed text."""
+    return Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False,
+                    documented={("effect-semantics", RERUN): rerun_doc}, claims=claims)
+
+
 OUR_CONTRACT = "this project's docs/contract.md, The durability contract (each invariant: docs/chaos.md, The verdict)"
 FULL_PROMISES = Promises(contract=OUR_CONTRACT)
 
@@ -101,7 +119,10 @@ class Target:
     # Conversation features (supervisor.chaos.conversation.FEATURES) it cannot take -> why: generated
     # mode never draws them for it, and its coverage table says so.
     unsupported: Mapping[str, str] = field(default_factory=dict)
-    forkserver: bool = False         # its workers may start as forks of the warm template (worker.forkserver)
+    # Its workers start as forks of the warm template (worker.forkserver), a fresh interpreter's start-up
+    # saved per worker; a target whose code cannot live through a fork sets it False and says why.
+    forkserver: bool = True
+    no_fork_reason: str = ""         # with forkserver=False: why (`--list-targets` shows it)
     # What that template imports before its first fork, besides our runtime: `MODULE` or
     # `MODULE:FUNCTION` (imported, then FUNCTION called), passed as `--preload` (worker.forkserver).
     preload: tuple[str, ...] = ()
@@ -109,6 +130,12 @@ class Target:
     extra: str | None = None         # this project's pip extra that installs it
     package: str | None = None       # the distribution that extra installs
     install_hint: str = ""           # one line saying how to get it
+
+    def workers(self) -> str:
+        """How its workers start, as `--list-targets` says it."""
+        if self.forkserver:
+            return "workers: forks of the warm template"
+        return f"workers: fresh interpreters ({self.no_fork_reason or 'its record sets forkserver=False, without a reason'})"
 
     def check_options(self, given: Mapping[str, str]) -> dict[str, str]:
         """Every option of the target with its value: `given` checked (OptionError), the rest at their defaults."""

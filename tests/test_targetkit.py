@@ -76,6 +76,7 @@ def test_a_target_from_another_package_is_found_with_no_edit_here(tmp_path: Path
     assert listed.returncode == 0, listed.stderr
     assert "toy-loop  a toy loop from another package" in listed.stdout
     assert "--target-option flush=each|end  (default each): when it writes" in listed.stdout
+    assert "toy-loop  a toy loop from another package\n    workers: forks of the warm template" in listed.stdout
     points = _supervisor(env, "--target", "toy-loop", "--list-points")
     assert "compact.in_txn  (not reached on toy-loop: the toy never compacts)" in points.stdout
     bad = _supervisor(env, "--target", "toy-loop", "--target-option", "flush=never")
@@ -107,3 +108,39 @@ def test_a_complete_campaign_owes_every_point_but_those_its_target_declares_unre
     assert unreached({**opts, "target": "openai-agents"}, reached) == ["model.chunk"]
     assert unreached({**opts, "target": "hermes"}, reached) == [p for p in POINTS if p not in reached]
     assert unreached({**opts, "target": "not-installed-here"}, reached) == [p for p in POINTS if p not in reached]
+
+
+def test_workers_fork_from_the_warm_template_unless_the_target_says_why_not() -> None:
+    assert Target("t", "", adapter="x", schema="y").forkserver is True
+    refused = Target("t", "", adapter="x", schema="y", forkserver=False, no_fork_reason="it starts threads at import")
+    assert refused.workers() == "workers: fresh interpreters (it starts threads at import)"
+    silent = Target("t", "", adapter="x", schema="y", forkserver=False)
+    assert "without a reason" in silent.workers()
+
+
+def test_the_kit_exports_what_its_docs_use() -> None:
+    """docs/targets.md builds a target with these names: each is exported, so it is under the
+    stability promise of targetkit/__init__.py."""
+    import re
+
+    import targetkit
+
+    docs = (REPO / "docs" / "targets.md").read_text(encoding="utf-8")
+    used = set(re.findall(r"targetkit\.(?:loop\.|sql\.|schema\.|target\.)?([A-Za-z_]\w*)", docs)) - {
+        "loop", "sql", "schema", "target", "registry"}
+    assert used, "the docs name the kit's parts"
+    assert used <= set(targetkit.__all__), sorted(used - set(targetkit.__all__))
+    for name in targetkit.__all__:
+        assert getattr(targetkit, name) is not None, name
+
+
+def test_the_promise_presets_say_which_findings_are_damage_and_which_are_documented() -> None:
+    from supervisor.chaos.checker.promises import promise_of
+    from targetkit import RERUN, at_least_once_framework, plain_loop
+
+    loop = plain_loop("my loop's README")
+    assert not loop.dispatch_intents and loop.durable_requests and loop.durable_projections
+    assert promise_of(loop, "effect-semantics", RERUN) == ("beyond-promise", "my loop's README")
+    framework = at_least_once_framework("the framework's persistence page", "the page on resuming a step")
+    assert not framework.durable_projections and not framework.dispatch_intents
+    assert promise_of(framework, "effect-semantics", RERUN) == ("documented-behaviour", "the page on resuming a step")
