@@ -54,6 +54,8 @@ def book(traveller: str, seats: int, window: bool, stops: list[str]) -> str:
         window: A window seat.
         stops: Where to stop on the way.
     """
+    with open("bookings.txt", "a", encoding="utf-8") as log:  # a relative path, as users write them
+        log.write(f"{traveller}\\n")
     return f"booked {seats} seat(s) for {traveller}, window={window}, stops={stops}"
 '''
 
@@ -198,6 +200,9 @@ def test_your_own_tools_with_no_key(tmp_path: Path, daemons: Daemons) -> None:
     assert "unknown tool" not in json.dumps(messages) and "unknown tool" not in output
     assert "warning" not in output.lower(), output
     assert "calls=weather,book" in output  # the log says what the built-in model calls
+    # The tool ran where serve was started, never in this project's checkout.
+    assert (home / "bookings.txt").read_text(encoding="utf-8") == "Lisbon\n"
+    assert not (REPO / "bookings.txt").exists()
     assert daemon.stop() == 0
 
 

@@ -16,7 +16,7 @@ Hermes a neutral home to import against, see worker.targets.hermes_agent.preload
 target's own packages (upstream's `run_agent`, LangGraph, the Agents SDK) are imported once
 per template instead of once per worker (`targetkit.Target.preload`).
 
-Request frame (worker.protocol.send_with_fds): {"argv": [...]} with two file
+Request frame (worker.protocol.send_with_fds): {"argv": [...], "cwd": DIR} with two file
 descriptors attached: the worker's control socket and its stderr pipe. Reply:
 {"pid": N} (N > 1, always the worker's own pid) or {"error": "..."}. A fork that fails (in
 the template, or in the intermediate of a double fork) is an error reply; a forked process
@@ -124,8 +124,9 @@ def warm_up() -> None:
     gc.freeze()
 
 
-def _become_worker(argv: list[str], control_fd: int, stderr_fd: int, server: socket.socket) -> None:
-    """In the grandchild: a session of its own, its own stdio, then the ordinary worker entry."""
+def _become_worker(request: dict, control_fd: int, stderr_fd: int, server: socket.socket) -> None:
+    """In the grandchild: a session of its own, its own stdio and working directory, then the
+    ordinary worker entry."""
     os.setsid()
     server.close()
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -134,8 +135,16 @@ def _become_worker(argv: list[str], control_fd: int, stderr_fd: int, server: soc
     os.dup2(stderr_fd, 2)
     os.close(devnull)
     os.close(stderr_fd)
+    argv = list(request["argv"])
     code = 1
     try:
+        cwd = request.get("cwd")
+        if cwd:
+            try:
+                os.chdir(cwd)  # as a fresh interpreter started there would be
+            except OSError as exc:
+                print(f"worker: cannot work in {cwd}: {exc.strerror}", file=sys.stderr)
+                return  # exits 1, below
         code = worker_main.main([*argv, "--control", str(control_fd)], die_with_parent=False)
     finally:
         sys.stdout.flush()
@@ -160,7 +169,7 @@ def _spawn_sibling(request: dict, fds: list[int], server: socket.socket) -> int:
         if pid == 0:
             try:
                 control_fd, stderr_fd = fds
-                _become_worker(list(request["argv"]), control_fd, stderr_fd, server)
+                _become_worker(request, control_fd, stderr_fd, server)
             finally:
                 os._exit(1)  # _become_worker exits by itself; this only catches a failure before it
     finally:
@@ -208,7 +217,7 @@ def _intermediate(request: dict, fds: list[int], server: socket.socket, read_end
             try:
                 os.close(write_end)
                 control_fd, stderr_fd = fds
-                _become_worker(list(request["argv"]), control_fd, stderr_fd, server)
+                _become_worker(request, control_fd, stderr_fd, server)
             finally:
                 os._exit(1)  # _become_worker exits by itself; this only catches a failure before it
         os.write(write_end, str(worker).encode())

@@ -221,9 +221,9 @@ class ForkServer:
         self.sock = ours
         self.lock = threading.Lock()
 
-    def fork(self, argv: list[str], control_fd: int, stderr_fd: int) -> int:
+    def fork(self, argv: list[str], control_fd: int, stderr_fd: int, cwd: Path) -> int:
         with self.lock:
-            send_with_fds(self.sock, {"argv": argv}, [control_fd, stderr_fd])
+            send_with_fds(self.sock, {"argv": argv, "cwd": str(cwd)}, [control_fd, stderr_fd])
             reply = Channel(self.sock).recv()
         if "pid" not in reply:
             raise OSError(f"the worker template failed: {reply.get('error')}")
@@ -246,10 +246,13 @@ class Pool:
     """Starts workers (fresh interpreters, or forks of a warm template) and keeps one reaper per child."""
 
     def __init__(self, python: str = sys.executable, *, forkserver: bool = False,
-                 env: dict[str, str] | None = None, preload: Sequence[str] = ()) -> None:
+                 env: dict[str, str] | None = None, preload: Sequence[str] = (), cwd: Path | None = None) -> None:
         """`env`: set in every worker's environment (and the template's), on top of this process's;
-        `preload`: what the fork-server template imports before its first fork (ForkServer)."""
+        `preload`: what the fork-server template imports before its first fork (ForkServer);
+        `cwd`: where workers run unless `spawn` says otherwise (by default where this process was
+        started: a user's tool that writes a relative path writes there, never into this project)."""
         self.python = python
+        self.cwd = Path(cwd) if cwd is not None else Path.cwd()
         self.env = dict(env or {})
         self._live: dict[int, WorkerProcess] = {}
         self._lock = threading.Lock()
@@ -260,12 +263,12 @@ class Pool:
                 raise OSError("the fork server needs PR_SET_CHILD_SUBREAPER (Linux)")
             self._forkserver = ForkServer(python, self.env, preload)
 
-    def _launch(self, argv: list[str], control_fd: int) -> tuple[int, Any, Callable[[], int]]:
-        """Start one worker; returns (pid, its stderr as a binary file, a blocking wait for its status)."""
+    def _launch(self, argv: list[str], control_fd: int, cwd: Path) -> tuple[int, Any, Callable[[], int]]:
+        """Start one worker in `cwd`; returns (pid, its stderr as a binary file, a blocking wait for its status)."""
         if self._forkserver is not None:
             read_end, write_end = os.pipe()
             try:
-                pid = self._forkserver.fork(argv, control_fd, write_end)
+                pid = self._forkserver.fork(argv, control_fd, write_end, cwd)
             except BaseException:
                 os.close(read_end)
                 raise
@@ -275,18 +278,20 @@ class Pool:
         popen = subprocess.Popen([self.python, "-m", "worker", *argv, "--control", str(control_fd)],
                                  pass_fds=[control_fd], start_new_session=True, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(self.env),
-                                 cwd=REPO_ROOT)
+                                 cwd=cwd)
         return popen.pid, popen.stderr, popen.wait
 
     def spawn(self, args: list[str], *, incarnation: int, on_message: MessageHandler,
               on_log: LogHandler | None = None, on_exit: Callable[[WorkerProcess], None] | None = None,
-              label: str | None = None) -> WorkerProcess:
+              label: str | None = None, cwd: Path | None = None) -> WorkerProcess:
+        """Start one worker, in `cwd` (else the pool's directory)."""
         if self._stopped:
             raise PoolStopped("the pool is stopped: no more workers")
         ours, theirs = socket.socketpair()
         try:
             with starting_child():
-                pid, stderr, wait = self._launch([*args, "--incarnation", str(incarnation)], theirs.fileno())
+                pid, stderr, wait = self._launch([*args, "--incarnation", str(incarnation)], theirs.fileno(),
+                                                 cwd or self.cwd)
                 if pid <= 1:  # no launcher hands out such a pid (see ForkServer.fork); never signal one
                     stderr.close()
                     raise OSError(f"refusing worker pid {pid}: not a process of its own")
