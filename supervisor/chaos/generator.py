@@ -3,12 +3,13 @@
 A case is one scenario run in a fresh directory with at most one kill plan (a nemesis
 `Fault`). Modes:
 
-    exhaustive  a fault-free run records every probe hit; one case per hit
+    exhaustive  a fault-free run records every probe hit; one case per hit (the recovery faults,
+                twin-recovery and concurrent-resume, act after a case's kill: at every hit too)
     double      each exhaustive kill, paired with each kill point of its recovery
     random      seeded: probe kills drawn from the traces, and timer kills; case i follows
                 from (seed, i) and the traces alone (`RandomPlan.case`), so a shard derives
                 its own cases without the others'
-    pause       SIGSTOP at each distinct probe, a new worker takes over, SIGCONT
+    pause       SIGSTOP at each hit of each probe, a new worker takes over, SIGCONT
     generated   case i is a conversation and a kill schedule drawn from (seed, i) by Hypothesis
                 (supervisor.chaos.explore); the schedule is resolved against that conversation's
                 own fault-free run (see Campaign._run_generated)
@@ -72,9 +73,14 @@ def enumerate_cases(mode: str, scenario: str, baseline: CaseResult, config: Camp
         return [Case(scenario, Fault("probe", t, p, probe=name, n=n, mode=km))
                 for (t, p, name, n) in points for km in config.kill_modes]
     if mode == "pause":
-        # Pause once at the first hit of each distinct probe of the first process of each turn.
-        firsts = {(t, name): (t, p, name, n) for (t, p, name, n) in reversed(points) if p == 0 and n == 1}
-        return [Case(scenario, Fault("pause", t, p, probe=name, n=n)) for (t, p, name, n) in sorted(firsts.values())]
+        # A pause at every hit the fault-free run reached, as exhaustive kills: a zombie can wake up
+        # at any write, and a fence that only the first flush checks properly (or a check made apart
+        # from its write) shows only when the pause falls on a later one. Hits of later processes
+        # (p > 0) are kept too: a fault-free run starts one only when its own worker died on its own
+        # (self-kill), which every case repeats before its pause, so the pause lands there; and some
+        # points only such a worker reaches (self-kill's finalize.before), so without them no pause
+        # would ever overtake a worker that answers the turn.
+        return [Case(scenario, Fault("pause", t, p, probe=name, n=n)) for (t, p, name, n) in points]
     if mode == "double":
         cases = []
         for first_id, result in sorted((recoveries or {}).items()):
