@@ -1,4 +1,6 @@
-"""The lazy file system keeps what was never fsynced, and a power cut loses exactly that.
+"""The lazy file system keeps what was never fsynced, and a power cut loses exactly that: file
+writes not fsynced, and directory entry changes (create, rename, unlink) whose directory was
+not fsynced.
 
 Each test mounts `supervisor.chaos.nemesis.lazyfs` over a fresh backing directory (a server
 process of its own), works through the mount, cuts the power over the control socket, and
@@ -9,9 +11,11 @@ with the reason, except in CI (CI=true), where they fail: there that is a broken
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -20,16 +24,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from fuseutil import lazy_mount, require_fuse
 
+from hermes.extras import install_line
 from hermes.private_files import fsync_dir
-from supervisor.chaos.nemesis.lazyfs import LazyFSError, is_mounted
+from supervisor.chaos.nemesis import lazyfs
+from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSError, LazyFSServers, is_mounted, why_unavailable
 from supervisor.chaos.nemesis.lazyfs_state import Write, power_cut
+from supervisor.chaos.nemesis.powerloss import PowerLossUnavailable, check_available
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 
 CHILD_TIMEOUT_S = 60.0
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Mount:
@@ -261,29 +270,146 @@ def test_d_created_entries_are_lost_with_their_directory(mount: Mount) -> None:
     assert os.listdir(mount.backing) == []
 
 
-def test_d_unlink_and_rename_are_durable_at_once_and_a_rename_carries_pending_writes(mount: Mount) -> None:
-    moved = mount.durable("moved", b"old")
-    mount.durable("doomed", b"old")
-    target = mount.durable("target", b"target-old")
-    pwrite(moved, b"NEW", 0)
-    pwrite(target, b"XX", 0)  # lost with the file the rename below replaces
-    os.rename(moved, mount.mnt / "renamed")
-    os.unlink(mount.mnt / "doomed")
-    fd = os.open(mount.mnt / "tmp", os.O_CREAT | os.O_WRONLY)
-    os.write(fd, b"new target")
-    os.fsync(fd)
-    os.close(fd)
-    os.rename(mount.mnt / "tmp", target)  # also makes its directory's entries durable
-    assert (mount.mnt / "renamed").read_bytes() == b"NEW"
-    status = mount.fs.status()
-    assert [f["path"] for f in status["files"]] == ["/renamed"] and status["unsynced_entries"] == []
+def _fsynced_file(path: Path, content: bytes) -> None:
+    """Create (or truncate) `path` and fsync its bytes, not its name."""
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, content)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("dir_synced", [False, True], ids=["no-dir-fsync", "dir-fsync"])
+def test_d_a_rename_over_a_file_is_undone_by_a_cut_unless_its_directory_was_fsynced(
+        mount: Mount, dir_synced: bool) -> None:
+    target = mount.durable("target", b"old content")
+    _fsynced_file(mount.mnt / "target.tmp", b"new content")  # the file's fsync: its bytes, not a name
+    os.rename(mount.mnt / "target.tmp", target)
+    if dir_synced:
+        fsync_dir(mount.mnt)
+    assert target.read_bytes() == b"new content" and os.listdir(mount.mnt) == ["target"]
+    assert mount.fs.status()["unsynced_entries"] == ([] if dir_synced else ["/target", "/target.tmp"])
 
     report = mount.fs.crash("drop", seed=0)
 
-    assert report["removed_entries"] == []
-    assert sorted(os.listdir(mount.backing)) == ["renamed", "target"]
-    assert (mount.backing / "renamed").read_bytes() == b"old"
-    assert (mount.backing / "target").read_bytes() == b"new target"
+    assert os.listdir(mount.backing) == ["target"]
+    if dir_synced:
+        assert (mount.backing / "target").read_bytes() == b"new content"
+        assert report["undone_renames"] == [] and report["removed_entries"] == []
+    else:  # the replaced file is back, with its old content; the temp file's name went too
+        assert (mount.backing / "target").read_bytes() == b"old content"
+        assert report["undone_renames"] == [["/target.tmp", "/target"]]
+        assert report["removed_entries"] == ["/target.tmp"]
+
+
+@pytest.mark.parametrize("dir_synced", [False, True], ids=["no-dir-fsync", "dir-fsync"])
+def test_d_an_unlinked_file_comes_back_after_a_cut_unless_its_directory_was_fsynced(
+        mount: Mount, dir_synced: bool) -> None:
+    (mount.mnt / "sub").mkdir()
+    fsync_dir(mount.mnt)
+    mount.durable("sub/doomed", b"durable bytes")
+    pwrite(mount.mnt / "sub" / "doomed", b"UNSYNCED", 0)
+    os.unlink(mount.mnt / "sub" / "doomed")
+    os.rmdir(mount.mnt / "sub")
+    if dir_synced:
+        fsync_dir(mount.mnt)  # the rmdir's directory, not the unlink's (that one is gone)
+    assert os.listdir(mount.mnt) == []
+    assert ".lazyfs-grave" not in os.listdir(mount.mnt)  # what was removed waits out of sight
+
+    report = mount.fs.crash("drop", seed=0)
+
+    # The unsynced write went with the file, or came back with it (and was dropped, as ever with `drop`).
+    assert [(f["entry_removed"], f["dropped_writes"]) for f in report["files"]] == [(dir_synced, 1)]
+    if dir_synced:  # the rmdir is durable; the unlink inside cannot be undone without its directory
+        assert os.listdir(mount.backing) == []
+        assert report["restored_entries"] == []
+    else:
+        assert os.listdir(mount.backing) == ["sub"] and os.listdir(mount.backing / "sub") == ["doomed"]
+        assert (mount.backing / "sub" / "doomed").read_bytes() == b"durable bytes"  # its write was lost too
+        assert report["restored_entries"] == ["/sub", "/sub/doomed"]
+
+
+def test_d_a_rename_carries_pending_writes_and_a_clean_unmount_makes_every_change_durable(mount: Mount) -> None:
+    moved = mount.durable("moved", b"old")
+    mount.durable("doomed", b"old")
+    pwrite(moved, b"NEW", 0)
+    os.rename(moved, mount.mnt / "renamed")
+    os.unlink(mount.mnt / "doomed")
+    (mount.mnt / "made").write_bytes(b"made")
+    assert (mount.mnt / "renamed").read_bytes() == b"NEW"
+    assert [f["path"] for f in mount.fs.status()["files"]] == ["/made", "/renamed"]
+
+    mount.fs.unmount()
+
+    assert sorted(os.listdir(mount.backing)) == ["made", "renamed"]  # no grave left either
+    assert (mount.backing / "renamed").read_bytes() == b"NEW"
+
+
+def _name_changes_and_writes(mount: Mount) -> None:
+    """Five entry changes and three writes, interleaved, none of them synced."""
+    for name in ("a", "b", "c"):
+        mount.durable(name, name.encode() * 4)
+    pwrite(mount.mnt / "a", b"A1", 0)                 # write
+    os.rename(mount.mnt / "a", mount.mnt / "a2")      # rename
+    (mount.mnt / "new").write_bytes(b"")              # create
+    os.unlink(mount.mnt / "b")                        # unlink
+    pwrite(mount.mnt / "c", b"C1", 0)                 # write
+    os.rename(mount.mnt / "c", mount.mnt / "a2")      # rename over a2
+    (mount.mnt / "dir").mkdir()                       # mkdir
+    pwrite(mount.mnt / "a2", b"C2", 2)                # write
+
+
+def _expected_tree(kept: list[bool]) -> dict[str, bytes | None]:
+    """What a cut keeping `kept` (per op above, in issue order) leaves, as the model says it."""
+    w1, r1, cr, ul, w2, r2, mk, w3 = kept
+    tree: dict[str, bytes | None] = {"a": b"A1aa" if w1 else b"aaaa", "b": b"bbbb",
+                                     "c": (b"C1cc" if w2 else b"cccc")}
+    if r1:
+        tree["a2"] = tree.pop("a")
+    if cr:
+        tree["new"] = b""
+    if ul:
+        del tree["b"]
+    if r2:
+        tree["a2"] = tree.pop("c")
+    if w3:  # written to the file that was c, wherever it is now
+        name = "a2" if r2 else "c"
+        tree[name] = tree[name][:2] + b"C2"  # type: ignore[index]
+    if mk:
+        tree["dir"] = None
+    return tree
+
+
+@pytest.mark.parametrize("mode", ["drop", "prefix", "subset", "torn"])
+def test_d_entry_changes_are_kept_dropped_and_reordered_like_writes(mount: Mount, mode: str) -> None:
+    ops = 8
+    # A seed whose cut is neither all nor nothing (found through the model, the same on any machine).
+    seed = next(s for s in range(100) if mode in ("drop", "torn")
+                or 0 < len(power_cut(mode, s, {}, list(range(1, ops + 1))).names) < ops)
+    _name_changes_and_writes(mount)
+    status = mount.fs.status()
+    assert [c["op"] for c in status["unsynced_changes"]] == ["rename", "create", "unlink", "rename", "mkdir"]
+
+    report = mount.fs.crash(mode, seed=seed)
+
+    # At the cut, the file that was c is /a2 (writes C1, C2), and the one that was a waits in the grave (A1).
+    kept_ranges = {f["path"]: f["kept_ranges"] for f in report["files"]}
+    (buried,) = [path for path in kept_ranges if path != "/a2"]
+    w1, w2, w3 = bool(kept_ranges[buried]), [0, 2] in kept_ranges["/a2"], [2, 4] in kept_ranges["/a2"]
+    kept = [change["kept"] for change in report["name_changes"]]
+    flags = [w1, kept[0], kept[1], kept[2], w2, kept[3], kept[4], w3]
+    if mode == "drop":
+        assert flags == [False] * ops
+    elif mode == "torn":  # no write crosses a sector boundary: torn keeps nothing, as drop
+        assert report["torn"] is None and flags == [False] * ops
+    elif mode == "prefix":
+        assert flags == sorted(flags, reverse=True) and 0 < flags.count(True) < ops
+    else:
+        assert flags != sorted(flags, reverse=True)  # a later change kept, an earlier one dropped
+    on_disk = {name: (None if (mount.backing / name).is_dir() else (mount.backing / name).read_bytes())
+               for name in os.listdir(mount.backing)}
+    assert on_disk == _expected_tree(flags), (mode, seed, flags)
 
 
 # -- (e) SQLite ---------------------------------------------------------------------------------
@@ -373,3 +499,114 @@ def test_f_close_kills_the_server_by_pid_and_detaches_a_busy_mount(tmp_path: Pat
         os.close(held)
     except OSError:
         pass  # its file system is gone
+
+
+ORPHANING = r"""
+import os, sys
+from supervisor.chaos.nemesis.lazyfs import LazyFS
+fs = LazyFS(sys.argv[1], sys.argv[2]).start()
+open(os.path.join(sys.argv[2], "held"), "w").write("x")  # a mount in use, and a write pending
+print(fs.pid, fs.server._private, flush=True)
+os._exit(0)  # gone without a word: no close, no unmount, as at a second Ctrl-C or a SIGKILL
+"""
+
+
+def test_f_a_server_whose_supervisor_is_gone_detaches_its_mount_and_exits(tmp_path: Path) -> None:
+    require_fuse()
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    supervisor = subprocess.run([sys.executable, "-c", ORPHANING, str(backing), str(mnt)], capture_output=True,
+                                text=True, timeout=CHILD_TIMEOUT_S, cwd=REPO)
+    assert supervisor.returncode == 0, supervisor.stderr
+    pid, private = supervisor.stdout.split()
+    server = _process(int(pid))
+    if server is not None:
+        server.wait(timeout=CHILD_TIMEOUT_S)  # an upper bound: its lifeline ended with its supervisor
+    assert not is_mounted(mnt) and not Path(private).exists()
+
+
+def test_f_kill_now_leaves_no_server_mount_or_directory(tmp_path: Path) -> None:
+    require_fuse()
+    servers = LazyFSServers()
+    server = servers.acquire()
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    fs = LazyFS(backing, mnt, server=server).start()
+    held = os.open(mnt / "held", os.O_CREAT | os.O_RDWR)  # busy: a plain unmount would fail
+    private = server._private
+    try:
+        servers.kill_now()
+        servers.kill_now()  # again, as a third signal would: nothing left to do, nothing fails
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(held)
+        fs.close()
+    assert server.pid is not None and not Path(f"/proc/{server.pid}").exists() or _zombie(server.pid)
+    assert not is_mounted(mnt) and private is not None and not private.exists()
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _zombie(pid: int | None) -> bool:
+    proc = _process(pid) if pid is not None else None
+    return proc is None or proc.status() == psutil.STATUS_ZOMBIE
+
+
+# -- (g) what a machine without the lazy file system is told -----------------------------------
+
+def _nothing_missing_but(monkeypatch: pytest.MonkeyPatch, lacking: str) -> None:
+    """This machine, as if it had everything the lazy file system needs except `lacking`."""
+    import ctypes.util
+    import importlib.util
+    import shutil
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(lazyfs.os, "access", lambda path, mode: lacking != "/dev/fuse")
+    monkeypatch.setattr(shutil, "which", lambda name: None if lacking == name else f"/usr/bin/{name}")
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None if lacking == name else f"lib{name}.so")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if lacking == name else real_find_spec(name, *a))
+
+
+@pytest.mark.parametrize("where", ["checkout", "elsewhere"])
+def test_g_a_missing_binding_is_named_with_a_line_that_installs_it_from_here(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, where: str) -> None:
+    _nothing_missing_but(monkeypatch, "mfusepy")
+    monkeypatch.chdir(REPO if where == "checkout" else tmp_path)
+
+    with pytest.raises(PowerLossUnavailable) as refused:
+        check_available(("power-loss",))
+
+    message = str(refused.value)
+    assert "the Python package mfusepy is not installed" in message, message
+    assert "fuse3" not in message and "hermes-supervisor[powerloss]" not in message, message
+    line = message.rpartition("install it: ")[2]
+    assert line == install_line("powerloss"), message
+    if Path(sys.prefix).resolve() == REPO / ".venv":  # run from the checkout's own environment
+        command, extra = shlex.split(line)
+        assert extra == "powerloss" and os.access(command, os.X_OK), line  # runnable from this directory
+        assert Path(command).resolve() == REPO / "scripts" / "setup"
+        assert where != "checkout" or line == "./scripts/setup powerloss"
+
+
+@pytest.mark.parametrize(("lacking", "said", "remedy"), [
+    ("/dev/fuse", "/dev/fuse is missing", "--device /dev/fuse --cap-add SYS_ADMIN"),
+    ("fusermount3", "fusermount3 is not on PATH", "apt-get install fuse3"),
+    ("fuse3", "the libfuse 3 library is not installed", "apt-get install fuse3")])
+def test_g_a_missing_system_part_is_named_alone(monkeypatch: pytest.MonkeyPatch, lacking: str, said: str,
+                                               remedy: str) -> None:
+    _nothing_missing_but(monkeypatch, lacking)
+
+    assert why_unavailable() == lazyfs.missing()[0]  # type: ignore[index]
+    with pytest.raises(PowerLossUnavailable) as refused:
+        check_available(("torn-write",))
+
+    message = str(refused.value)
+    assert said in message and remedy in message and "mfusepy" not in message, message

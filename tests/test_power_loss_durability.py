@@ -2,10 +2,10 @@
 
 Each test mounts `supervisor.chaos.nemesis.lazyfs` over a fresh backing directory, does the real
 operation through the real code on the mount, cuts the power (`crash("drop")`: every write not
-fsynced, and every name whose directory was not fsynced since it was made, is lost), mounts a
-new lazy file system over the same backing directory, and reads back what survived. Without
-FUSE the tests are skipped with the reason, except in CI (CI=true), where they fail (as in
-tests/test_lazyfs.py).
+fsynced, and every name created, renamed or removed since its directory was last fsynced, is
+undone), mounts a new lazy file system over the same backing directory, and reads back what
+survived. Without FUSE the tests are skipped with the reason, except in CI (CI=true), where
+they fail (as in tests/test_lazyfs.py).
 """
 from __future__ import annotations
 

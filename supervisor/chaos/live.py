@@ -16,10 +16,13 @@ more, the live workers are SIGKILLed by their recorded pids and reaped, the case
 running are dropped (cut short by the stop, they test nothing), and the report is written as
 usual, marked `"complete": false` with the planned cases that did not run; the campaign then
 exits with EXIT_INTERRUPTED. A second one exits at once (128 + the signal's number) after
-SIGKILLing the live workers: results.jsonl holds every case finished until then, and report.json
-is the running one (or the final one, whole); `hermes-supervisor merge OUT DIR` makes a complete
-partial report of them. The campaign's own temporary working directory is not removed then (its
-workers may still be dying in it); the message names it.
+SIGKILLing the live workers and whatever the fault families keep running for the campaign (each
+resource's `kill_now`: the lazy file system servers, their mounts detached), with SIGINT and
+SIGTERM blocked from then on, so that a third signal cannot cut that short: results.jsonl
+holds every case finished until then, and report.json is the running one (or the final one,
+whole); `hermes-supervisor merge OUT DIR` makes a complete partial report of them. The
+campaign's own temporary working directory is not removed then (its workers may still be dying
+in it); the message names it.
 """
 from __future__ import annotations
 
@@ -248,10 +251,16 @@ class Interrupts:
                 # Not here: the handler runs in the main thread, which may hold a lock stop() takes.
                 threading.Thread(target=campaign.stop, args=(name,), daemon=True, name="stop").start()
             return
+        # Whatever signal comes next must not cut the cleanup below short: it waits, then dies with us.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         scratch = campaign.scratch_dir if campaign is not None else None
         _say(f"hermes-supervisor: {name} again: quitting at once; the finished cases are in {RESULTS_FILE} "
              f"(hermes-supervisor merge OUT DIR makes a report of them)"
              + (f"; the case directories are left in {scratch}" if scratch is not None else "") + "\n")
         if campaign is not None:
             campaign.pool.kill_now("exit")
+            for resource in list(campaign.resources.values()):  # e.g. lazy file system servers and mounts
+                kill_now = getattr(resource, "kill_now", None)
+                if kill_now is not None:
+                    kill_now()
         os._exit(128 + signum)

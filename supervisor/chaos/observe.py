@@ -59,6 +59,9 @@ def _asks_for(tool_calls: str | None, call_id: Any) -> bool:
     return isinstance(calls, list) and any(isinstance(c, dict) and c.get("id") == call_id for c in calls)
 
 
+NO_TABLES = "the database holds no tables: nothing committed to it is there"
+
+
 def _missing(conn: sqlite3.Connection | None) -> dict[str, Any] | None:
     return {"reason": "no database file yet"} if conn is None else None
 
@@ -127,6 +130,18 @@ class Observer:
     def _ask(self, question: Any, *args: Any) -> Any:
         if self.images is not None:
             return self._ask_image(question, *args)
+        try:
+            return self._ask_file(question, *args)
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
+        # A file with no tables: new, or a power cut took its schema's commit before it was synced
+        # (at NORMAL nothing syncs before the first barrier). Nothing in it is durable, honestly.
+        answer = question(self.schema, None, *args)
+        answer[-1]["reason"] = NO_TABLES
+        return answer
+
+    def _ask_file(self, question: Any, *args: Any) -> Any:
         with self._lock:
             if self._conn is None:
                 self._conn = open_readonly(self.db_path)

@@ -1,12 +1,12 @@
-"""What a lazy file system has not made durable yet, and what a power cut leaves of it.
+"""What a lazy file system has not made durable yet in its files, and what a power cut leaves of it.
 
 A file's unsynced changes are a log of `Write` and `Truncate` operations in the order they
-were issued. Each carries a sequence number shared by all the files of one mount, so that a
-power cut can be described over the whole machine: the disk received the operations in
-issue order, and lost some of them.
+were issued. Each carries a sequence number shared by all the files of one mount and by its
+unsynced directory entry changes (`lazyfs_names`), so that a power cut can be described over
+the whole machine: the disk received the operations in issue order, and lost some of them.
 
 `power_cut` picks, with a seeded random generator (the same seed and logs give the same
-cut), which operations reach the backing files:
+cut), which operations reach the disk, entry changes counted like writes:
 
     drop    none of them (the common case: the page cache is simply gone)
     prefix  the first k operations in issue order, k uniform in 0..n
@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
+import stat
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from supervisor.chaos.nemesis.lazyfs_names import NameLog
 
 CRASH_MODES = ("drop", "prefix", "subset", "torn")
 SECTOR = 512
@@ -124,21 +128,25 @@ def merged_ranges(writes: list[Write]) -> list[list[int]]:
 
 @dataclass(frozen=True, slots=True)
 class Cut:
-    """What reaches the backing files: per path, the operations to apply in order."""
+    """What reaches the disk: per path, the operations to apply in order; the sequence numbers
+    of the entry changes kept."""
     keep: dict[str, list[Op]]
     torn: dict[str, object] | None
+    names: frozenset[int] = frozenset()
 
 
-def power_cut(mode: str, seed: int, logs: dict[str, list[Op]]) -> Cut:
-    """Pick the surviving operations of `logs` (path -> ops) for a power cut in `mode`."""
+def power_cut(mode: str, seed: int, logs: dict[str, list[Op]], names: list[int] | tuple[int, ...] = ()) -> Cut:
+    """Pick the surviving operations of `logs` (path -> ops) and entry changes (`names`, their
+    sequence numbers) for a power cut in `mode`."""
     if mode not in CRASH_MODES:
         raise ValueError(f"unknown crash mode {mode!r}: one of {', '.join(CRASH_MODES)}")
     rng = random.Random(seed)
-    issued = sorted(((op.seq, path, op) for path, ops in logs.items() for op in ops),
-                    key=lambda item: item[0])
+    issued: list[tuple[int, str | None, Op | None]] = sorted(
+        [*((op.seq, path, op) for path, ops in logs.items() for op in ops), *((seq, None, None) for seq in names)],
+        key=lambda item: item[0])
     torn = None
     if mode == "drop":
-        kept: list[tuple[int, str, Op]] = []
+        kept: list[tuple[int, str | None, Op | None]] = []
     elif mode == "prefix":
         kept = issued[:rng.randint(0, len(issued))]
     elif mode == "subset":
@@ -147,12 +155,13 @@ def power_cut(mode: str, seed: int, logs: dict[str, list[Op]]) -> Cut:
         kept, torn = _torn(rng, issued)
     keep: dict[str, list[Op]] = {path: [] for path in logs}
     for _, path, op in kept:
-        keep[path].append(op)
-    return Cut(keep, torn)
+        if path is not None and op is not None:
+            keep[path].append(op)
+    return Cut(keep, torn, frozenset(seq for seq, path, _ in kept if path is None))
 
 
-def _torn(rng: random.Random, issued: list[tuple[int, str, Op]]
-          ) -> tuple[list[tuple[int, str, Op]], dict[str, object] | None]:
+def _torn(rng: random.Random, issued: list[tuple[int, str | None, Op | None]]
+          ) -> tuple[list[tuple[int, str | None, Op | None]], dict[str, object] | None]:
     eligible = [i for i, (_, _, op) in enumerate(issued)
                 if isinstance(op, Write) and _boundaries(op)]
     if not eligible:
@@ -176,36 +185,34 @@ def under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def cut_power(root: str, mode: str, seed: int, logs: dict[str, list[Op]], unsynced: set[str]
-              ) -> dict[str, object]:
-    """Leave in the backing directory `root` what a power cut in `mode` leaves: the unsynced
-    entries removed (a directory with its whole tree), then, in the files still there, the
-    operations `power_cut` keeps, applied and fsynced. Answers what was lost."""
-    removed = _remove_entries(root, unsynced)
-    cut = power_cut(mode, seed, logs)
+def cut_power(root: str, mode: str, seed: int, logs: dict[str, list[Op]], names: NameLog) -> dict[str, object]:
+    """Leave in the backing directory `root` what a power cut in `mode` leaves: in the files,
+    wherever their names are now, the operations `power_cut` keeps, applied and fsynced; then
+    the directory entries as the entry changes it keeps leave them. Answers what was lost."""
+    cut = power_cut(mode, seed, logs, [change.seq for change in names.changes])
+    inodes = {path: os.lstat(root + path).st_ino for path in logs}
+    for path, ops in sorted(logs.items()):
+        if cut.keep[path]:
+            sync_file(root + path, cut.keep[path])
+    entries = names.cut(cut.names)
+    named = _inodes(root) if logs else set()  # a file may be back under another name: look by inode
     files = []
     for path, ops in sorted(logs.items()):
-        gone = any(under(path, entry) for entry in removed)
-        kept = [] if gone else cut.keep[path]
-        if kept:
-            sync_file(root + path, kept)
-        files.append(describe(path, ops, kept) | {"entry_removed": gone})
-    return {"mode": mode, "seed": seed, "files": files, "removed_entries": removed, "torn": cut.torn,
+        # What the cut kept of a file it then took away reached blocks that no name reaches.
+        files.append(describe(path, ops, cut.keep[path]) | {"entry_removed": inodes[path] not in named})
+    return {"mode": mode, "seed": seed, "files": files, **entries, "torn": cut.torn,
             "dropped_writes": sum(int(f["dropped_writes"]) for f in files)}
 
 
-def _remove_entries(root: str, entries: set[str]) -> list[str]:
-    removed: list[str] = []
-    for entry in sorted(entries):
-        if any(under(entry, done) for done in removed):
-            continue  # went with its directory
-        real = root + entry
-        if os.path.isdir(real) and not os.path.islink(real):
-            shutil.rmtree(real)
-        elif os.path.lexists(real):
-            os.unlink(real)
-        removed.append(entry)
-    return removed
+def _inodes(root: str) -> set[int]:
+    """The inode numbers of the regular files in the tree at `root`."""
+    found = set()
+    for top, _, names in os.walk(root):
+        for name in names:
+            st = os.lstat(os.path.join(top, name))
+            if stat.S_ISREG(st.st_mode):
+                found.add(st.st_ino)
+    return found
 
 
 def describe(path: str, pending: list[Op], kept: list[Op]) -> dict[str, object]:

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from hermes.private_files import make_private_dirs
 from hermes.state import StorageError
 from supervisor.chaos.nemesis.family import FaultUnavailable, Nemesis
-from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSError, LazyFSServers, why_unavailable
+from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSError, LazyFSServers, missing
+from targetkit import registry
 
 if TYPE_CHECKING:
     from supervisor.chaos.checker import Durable
@@ -44,9 +45,6 @@ POWER_FAULTS = (POWER_LOSS, TORN_WRITE)
 # How often each crash state comes up without torn-write: dropping everything unsynced is what
 # a real power cut does most of the time; prefixes and subsets are the reordering a disk may do.
 CRASH_WEIGHTS = {"drop": 6, "prefix": 2, "subset": 2}
-INSTALL_HINT = ("install the Debian package fuse3 (apt-get install fuse3; it needs /dev/fuse, in a "
-                "container: --device /dev/fuse --cap-add SYS_ADMIN) and the project's extra: "
-                "pip install 'hermes-supervisor[powerloss]'")
 
 
 class PowerLossUnavailable(FaultUnavailable):
@@ -62,10 +60,11 @@ def check_available(faults: tuple[str, ...] | list[str]) -> None:
     """Raise PowerLossUnavailable when `faults` asks for power cuts and FUSE is not usable here."""
     if not wants_power_cuts(faults):
         return
-    why = why_unavailable()
-    if why is not None:
+    lack = missing()
+    if lack is not None:
+        what, remedy = lack
         raise PowerLossUnavailable(f"--faults {'/'.join(n for n in POWER_FAULTS if n in faults)} runs every case on "
-                                   f"a lazy FUSE file system, and this machine has {why}: {INSTALL_HINT}")
+                                   f"a lazy FUSE file system, which cannot run here: {what}; {remedy}")
 
 
 def crash_plan(case_id: str, index: int, torn: bool) -> tuple[str, int]:
@@ -136,7 +135,9 @@ def brief_crash(lost: dict[str, Any], limit: int = 8) -> dict[str, Any]:
                       **({"entry_removed": True} if item.get("entry_removed") else {}),
                       **({"dropped_truncates": item["dropped_truncates"]} if item.get("dropped_truncates") else {})})
     return {"mode": lost.get("mode"), "seed": lost.get("seed"), "dropped_writes": int(lost.get("dropped_writes") or 0),
-            "removed_entries": list(lost.get("removed_entries") or []), "torn": lost.get("torn"), "files": files}
+            "removed_entries": list(lost.get("removed_entries") or []),
+            "restored_entries": list(lost.get("restored_entries") or []),
+            "undone_renames": list(lost.get("undone_renames") or []), "torn": lost.get("torn"), "files": files}
 
 
 class PowerLoss(Nemesis):
@@ -197,8 +198,8 @@ class PowerLoss(Nemesis):
         case.observer.close()
         try:
             before, _ = snapshot_and_ask(case.db, None)
-        except StorageError as exc:  # what the mount shows cannot be read: nothing to compare with
-            before = Durable(case.db, error=str(exc))
+        except StorageError as exc:  # what the mount shows cannot be read: the cut is compared to nothing
+            before = Durable(case.db, error=str(exc))  # and the checker says so (`before_error`)
         ledger_before = ledger_records(case.ledger)
         torn = TORN_WRITE in self.chosen
         mode, seed = crash_plan(case.case.case_id, self.count, torn)
@@ -217,11 +218,18 @@ class PowerLoss(Nemesis):
         rows_before, rows_after = summarize_rows(before), summarize_rows(after)
         gone = {row_id: row for row_id, row in rows_before.items() if not _same_row(row, rows_after.get(row_id))}
         kept = [row_id for row_id in rows_before if row_id not in gone]
+        turns_before, dispatches_before = summarize_turns(before), summarize_dispatches(before)
         case.history.record(
             "power_cut", incarnation=killed.incarnation, synchronous=case.config.synchronous, **lost,
-            killed=[other.incarnation for other in others], rows_before=len(rows_before), rows_after=len(rows_after),
+            killed=[other.incarnation for other in others], serial_writes=case.target.name == registry.DEFAULT,
+            rows_before=len(rows_before), rows_after=len(rows_after),
             lost_rows={str(k): v for k, v in sorted(gone.items())}, kept_max_id=max(kept, default=0),
-            integrity=integrity,
+            turns_before=len(turns_before), dispatches_before=len(dispatches_before),
+            lost_turns=lost_turns(turns_before, summarize_turns(after)),
+            lost_dispatches=sorted(set(dispatches_before) - set(summarize_dispatches(after))),
+            # Tables the mount showed that the disk no longer has: the schema's commit is gone too.
+            schema_lost=not before.missing and before.error is None and after.missing,
+            before_error=before.error, integrity=integrity,
             ledger_lost=_ledger_lost(ledger_before, ledger_after, after),
             ledger_error=next((x for x in (ledger_before, ledger_after) if isinstance(x, str)), None))
         if after.error is None:
@@ -249,6 +257,26 @@ def _ledger_lost(before: dict[str, str | None] | str, after: dict[str, str | Non
     answered = {row.get("tool_call_id") for row in survived.rows if row.get("role") == "tool"}
     return [{"record": key, "tool_call_id": call, "answered": call is not None and call in answered}
             for key, call in sorted(before.items()) if key not in after]
+
+
+def summarize_turns(state: Durable) -> dict[str, dict[str, Any]]:
+    """Turn id -> what a commit may change of it (its session, state, attempts, model calls)."""
+    return {str(t.get("id")): {"session": t.get("session_id"), "state": t.get("state"),
+                               "attempts": t.get("attempts"), "model_calls": t.get("model_calls")}
+            for t in state.turns}
+
+
+def summarize_dispatches(state: Durable) -> list[str]:
+    """Each dispatch intent as one comparable key: session/turn/tool call#attempt."""
+    return [f"{d.get('session_id')}/{d.get('turn_id')}/{d.get('tool_call_id')}#{d.get('attempt')}"
+            for d in state.dispatches]
+
+
+def lost_turns(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The turns whose row, or a change to it, the cut took: with nobody running between the two
+    reads, any difference is the cut's doing ("after" None: the row itself is gone)."""
+    return {turn: {"before": row, "after": after.get(turn)} for turn, row in sorted(before.items())
+            if after.get(turn) != row}
 
 
 def _same_row(before: dict[str, Any], after: dict[str, Any] | None) -> bool:
