@@ -461,7 +461,7 @@ class FleetSoak:
 
     def _check_store(self) -> None:
         """`hermes-supervisor check --store URL`: the structural invariants of the whole store."""
-        done = subprocess.run([sys.executable, "-m", "supervisor", "check", "--store", self.url], cwd=REPO,
+        done = subprocess.run([sys.executable, "-m", "supervisor", "check", "--store", self.url, "--json"], cwd=REPO,
                               env=child_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
         (self.dir / "check.json").write_text(done.stdout + done.stderr, encoding="utf-8")
         if done.returncode != 0:

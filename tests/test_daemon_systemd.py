@@ -98,7 +98,7 @@ def test_the_daemon_says_ready_pings_the_watchdog_and_says_stopping(
 
 
 def test_the_documented_unit_gives_the_daemon_descriptors_for_its_connections_and_workers() -> None:
-    from supervisor.daemon.http import MAX_CONNECTIONS, fd_limits
+    from supervisor.daemon.http.limits import MAX_CONNECTIONS, fd_limits
     from supervisor.daemon.systemd import LIMIT_NOFILE
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "daemon.md").read_text(encoding="utf-8")

@@ -52,7 +52,7 @@ def session_rows(url: str, session: str) -> list[dict[str, Any]]:
 
 def assert_store_clean(url: str, env: dict[str, str]) -> None:
     """`check --store` finds every transcript of the store well-formed, no row twice, every answer once."""
-    check = subprocess.run([sys.executable, "-m", "supervisor", "check", "--store", url], env=env,
+    check = subprocess.run([sys.executable, "-m", "supervisor", "check", "--store", url, "--json"], env=env,
                            capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr
     assert json.loads(check.stdout)["valid"] is True

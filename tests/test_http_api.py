@@ -32,7 +32,7 @@ from api_helpers import Capture, drain
 from bench.api import ApiClient, ApiError, Event, EventStream, HttpDaemon
 from hermes.state import SessionDB, connect_readonly
 from supervisor.chaos.checker import check_structure
-from supervisor.daemon.http import MAX_BODY
+from supervisor.daemon.http.limits import MAX_BODY
 from supervisor.procs.pool import child_env
 from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, last_user_text, reply_index
 
@@ -619,7 +619,8 @@ def big_session(db: Path, session: str, turns: int, size: int) -> list[str]:
 
 def test_every_route_of_the_app_refuses_a_request_without_the_token(demo: HttpDaemon) -> None:
     """The routes come from the app object itself: a route added later is checked without listing it."""
-    from supervisor.daemon.http import OPEN_PATHS, HttpApi
+    from supervisor.daemon.http import HttpApi
+    from supervisor.daemon.http.token import OPEN_PATHS
 
     app = HttpApi(types.SimpleNamespace(db_path=demo.db), "127.0.0.1", 0).app()  # type: ignore[arg-type]
     routes = [(method, route.path) for route in app.routes for method in sorted(route.methods or ())]
@@ -857,7 +858,7 @@ def test_a_stream_that_is_not_read_holds_a_bounded_buffer_and_resumes(tmp_path: 
     import tracemalloc
 
     from supervisor.daemon.events import SessionFeed
-    from supervisor.daemon.http import STREAM_BATCH_BYTES, STREAM_CHUNK
+    from supervisor.daemon.http.limits import STREAM_BATCH_BYTES, STREAM_CHUNK
 
     db = tmp_path / "big.db"
     SessionDB(db).close()
@@ -928,7 +929,7 @@ def test_a_stream_that_is_not_read_holds_a_bounded_buffer_and_resumes(tmp_path: 
 
 
 def test_database_reads_run_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from supervisor.daemon import http
+    from supervisor.daemon.http import turn_reads
 
     entered, release = threading.Event(), threading.Event()
 
@@ -937,7 +938,7 @@ def test_database_reads_run_off_the_event_loop(tmp_path: Path, monkeypatch: pyte
         release.wait(60)
         return None
 
-    monkeypatch.setattr(http, "turn_view", slow_view)
+    monkeypatch.setattr(turn_reads, "turn_view", slow_view)
     server = InProcess(tmp_path / "t.db")
     try:
         results: list[int] = []
@@ -967,7 +968,7 @@ def test_a_stream_reads_the_rows_it_sends_not_its_session(tmp_path: Path) -> Non
     """A poll from the start of a session of 30 x 1 MB rows reads about the rows it returns (two or
     three), not every row after the cursor (a query that sorted would read them all first)."""
     from supervisor.daemon.events import SessionFeed
-    from supervisor.daemon.http import STREAM_BATCH_BYTES
+    from supervisor.daemon.http.limits import STREAM_BATCH_BYTES
 
     db = tmp_path / "big.db"
     SessionDB(db).close()
@@ -987,7 +988,7 @@ def test_a_stream_reads_the_rows_it_sends_not_its_session(tmp_path: Path) -> Non
 def test_a_turn_lookup_reads_that_turn_not_its_session(tmp_path: Path) -> None:
     import tracemalloc
 
-    from supervisor.daemon.http import turn_view
+    from supervisor.daemon.http.turn_reads import turn_view
 
     db = tmp_path / "big.db"
     SessionDB(db).close()
@@ -1043,7 +1044,8 @@ def test_shutdown_with_streams_nobody_reads_is_prompt_and_quiet(tmp_path: Path) 
 def test_accept_errors_are_logged_at_a_bounded_rate(tmp_path: Path) -> None:
     import errno as errnos
 
-    from supervisor.daemon.http import HttpApi, RateLog
+    from supervisor.daemon.http import HttpApi
+    from supervisor.daemon.http.limits import RateLog
 
     now = [100.0]
     lines: list[tuple[str, dict]] = []
@@ -1064,7 +1066,7 @@ def test_accept_errors_are_logged_at_a_bounded_rate(tmp_path: Path) -> None:
 
 
 def test_the_caps_keep_descriptors_for_the_workers() -> None:
-    from supervisor.daemon.http import MAX_CONNECTIONS, MAX_STREAMS, REJECT_SLACK, fd_limits
+    from supervisor.daemon.http.limits import MAX_CONNECTIONS, MAX_STREAMS, REJECT_SLACK, fd_limits
 
     for soft in (256, 1024, 4096, 1 << 20):
         for workers in (1, 4, 32):

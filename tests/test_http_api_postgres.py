@@ -404,9 +404,9 @@ def test_a_server_restart_ends_a_stream_cleanly_and_the_api_reconnects(own_url: 
     cleanly (its client sees the end of the response, not an error), the next request connects
     again, and a client resuming with Last-Event-ID gets every later event once. While the server
     is down, every request is answered 503 saying why (never a 500), and /healthz still 200."""
-    from supervisor.daemon import http
+    from supervisor.daemon.http import readers
 
-    monkeypatch.setattr(http, "DB_READERS", 1)  # one reader: the stream's own connection is the one cut
+    monkeypatch.setattr(readers, "DB_READERS", 1)  # one reader: the stream's own connection is the one cut
     with served(own_url, tmp_path / "home") as server:
         client = server.client
         with open_store(own_url) as worker:

@@ -5,8 +5,9 @@ Every module of hermes/, targetkit/, worker/, supervisor/, testkit/ and bench/ i
 (never imported). The layers: `hermes` imports neither `worker` nor `supervisor`; `targetkit` (the
 public kit a target is written with) stands on `hermes` alone; `worker` does not import
 `supervisor`; nothing but `bench` imports `bench`; `testkit` stands on its own. Any
-import counts, at module level or inside a function. Cycles are looked for among the
-module-level imports inside supervisor/ (an import under `if TYPE_CHECKING:` never runs).
+import counts, at module level or inside a function. Cycles are looked for among every import
+inside supervisor/ that runs, at module level or in a function (an import under
+`if TYPE_CHECKING:` never runs, and is not counted).
 """
 from __future__ import annotations
 
@@ -176,11 +177,34 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_supervisor_has_no_module_level_import_cycle() -> None:
-    graph = {m.name: {t for t in m.module_level if t in MODULES and _package(t) == "supervisor"}
+# Import circles known and being taken apart, each with why it is tolerated until then. An entry
+# is a circle's modules, sorted; one that no longer exists must be taken off (the test says so).
+ALLOWED_CYCLES: dict[tuple[str, ...], str] = {}
+
+
+def test_supervisor_has_no_import_cycle() -> None:
+    """A cycle counts every import that runs: at module level or inside a function (a lazy import
+    only hides a circle until the function is called). Imports for type checkers never run and are
+    not counted."""
+    graph = {m.name: {t for t in m.runtime if t in MODULES and _package(t) == "supervisor"}
              for m in MODULES.values() if _package(m.name) == "supervisor"}
     assert sum(len(targets) for targets in graph.values()) > 20  # the graph was really built
-    assert _cycles(graph) == []
+    found = {tuple(cycle) for cycle in _cycles(graph)}
+    assert not found - set(ALLOWED_CYCLES), f"new import cycles: {sorted(found - set(ALLOWED_CYCLES))}"
+    assert not set(ALLOWED_CYCLES) - found, f"gone, take off ALLOWED_CYCLES: {sorted(set(ALLOWED_CYCLES) - found)}"
+
+
+def test_a_lazy_import_closing_a_circle_is_a_cycle_and_a_type_only_one_is_not() -> None:
+    def module(name: str, source: str) -> Module:
+        found = Module(name, REPO / "supervisor" / "x.py")
+        _walk(ast.parse(source).body, found, {"supervisor.a", "supervisor.b"}, top=True)
+        return found
+
+    lazy = module("supervisor.b", "def f():\n    from supervisor import a\n")
+    typed = module("supervisor.b", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from supervisor import a\n")
+    assert lazy.runtime == {"supervisor.a"} and typed.runtime == {"typing"}
+    assert _cycles({"supervisor.a": {"supervisor.b"}, "supervisor.b": lazy.runtime}) == [["supervisor.a", "supervisor.b"]]
+    assert _cycles({"supervisor.a": {"supervisor.b"}, "supervisor.b": typed.runtime}) == []
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

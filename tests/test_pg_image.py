@@ -198,7 +198,7 @@ def test_a_concurrent_writer_never_tears_an_image(pg_url: str, tmp_path: Path) -
 
 
 def _check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "supervisor", "check", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "supervisor", "check", "--json", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "NO_PROXY": "*"})
 
 
@@ -211,7 +211,7 @@ def test_check_store_judges_a_snapshot_of_the_server(pg_url: str) -> None:  # no
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr
     verdict = json.loads(clean.stdout)
     assert verdict["valid"] is True and verdict["name"] == "structure"
-    assert "hunter2" not in clean.stdout + clean.stderr and verdict["store"].endswith("password=%2A%2A%2A")
+    assert "hunter2" not in clean.stdout + clean.stderr and verdict["store"].endswith("password=***")
 
     one = _check("--store", pg_url, "--session", "nobody")
     assert one.returncode == 1 and "'nobody' is not in postgresql://" in one.stdout, one.stdout

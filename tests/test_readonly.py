@@ -156,7 +156,7 @@ def _via_load_durable(db: Path) -> int:
 
 
 def _via_check_verb(db: Path) -> int:
-    done = _supervisor("check", "--db", str(db))
+    done = _supervisor("check", "--db", str(db), "--json")
     # Exit 0: a judged, valid database. Had its rows gone unseen (even the schema is only
     # in the WAL), nothing could be judged: verdict "unknown", exit 1.
     assert done.returncode == 0, (done.stdout, done.stderr)

@@ -168,8 +168,8 @@ def test_the_engine_without_psycopg_names_the_extra(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "ERROR: the PostgreSQL session store needs psycopg 3: install the `postgres` extra" in done.stdout
-    assert "hermes-supervisor[postgres]" in done.stdout
+    assert "ERROR: the PostgreSQL session store needs psycopg 3 (the `postgres` extra)" in done.stdout
+    assert "./scripts/setup postgres" in done.stdout  # run from the checkout, in its own environment
     assert "IMPORT: MissingDriverError" in done.stdout
 
 

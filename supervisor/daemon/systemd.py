@@ -94,7 +94,7 @@ def _watchdog_seconds(env: Mapping[str, str]) -> float | None:
 
 # The descriptors the documented unit (docs/daemon.md) gives the daemon: its HTTP API caps
 # connections to what RLIMIT_NOFILE leaves once its workers and databases have theirs
-# (`supervisor.daemon.http.fd_limits`), and systemd's default soft limit (1024) would leave a
+# (`supervisor.daemon.http.limits.fd_limits`), and systemd's default soft limit (1024) would leave a
 # few hundred.
 LIMIT_NOFILE = 65536
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hermes.extras import install_line
+
 if TYPE_CHECKING:
     from hermes.store.pg.sessiondb import PgSessionDB
 
-INSTALL_HINT = ("the PostgreSQL session store needs psycopg 3: install the `postgres` extra "
-                "(pip install 'hermes-supervisor[postgres]'; in a checkout, scripts/setup postgres)")
+INSTALL_HINT = f"the PostgreSQL session store needs psycopg 3 (the `postgres` extra): {install_line('postgres')}"
 
 
 class MissingDriverError(ImportError):

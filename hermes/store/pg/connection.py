@@ -37,7 +37,6 @@ import random
 import sqlite3
 import threading
 import time
-import urllib.parse
 from typing import Any, Callable, Iterable, TypeVar
 
 from hermes import probes
@@ -47,6 +46,7 @@ from hermes.store.errors import LeaseLostError, StorageError
 from hermes.store.pg import failure, schema
 from hermes.store.pg.deadline import MARGIN_S, Deadline
 from hermes.store.pg.driver import pq, psycopg
+from hermes.store.pg.url import check, hide, redact, split_password  # noqa: F401  (split_password: the launcher's)
 
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound="PgStorage")
@@ -57,37 +57,16 @@ _SESSION_COLUMNS = "id, source, model, system_prompt, created_at, lease_epoch, l
 _MAX_RETRY_DELAY_S = 0.05
 
 
-def redact(url: str) -> str:
-    """`url` without its password (in the user part or as a ``password`` parameter), for messages."""
+def ping(url: str, connect_timeout_s: float = 10.0) -> None:
+    """Connect to `url`'s server and leave: the failure a session store would meet (its message
+    without the password), or nothing when the server answers. Creates nothing."""
     try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "(an unreadable PostgreSQL URL)"
-    netloc, query = parts.netloc, parts.query
-    userinfo, at, hostport = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
-    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-    if any(k.lower() == "password" for k, _ in pairs):
-        query = urllib.parse.urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="/")
-    if (netloc, query) == (parts.netloc, parts.query):
-        return url
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
-
-
-def split_password(url: str) -> tuple[str, str | None]:
-    """(`url` without its password, the password or None): a child process gets the URL on its command
-    line and the password in its environment (PGPASSWORD, which libpq reads), never in argv."""
-    parts = urllib.parse.urlsplit(url)
-    password = parts.password
-    pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    for key, value in pairs:
-        if key.lower() == "password":
-            password = value
-    userinfo, at, hostport = parts.netloc.rpartition("@")
-    netloc = f"{userinfo.split(':', 1)[0]}@{hostport}" if at else parts.netloc
-    query = urllib.parse.urlencode([(k, v) for k, v in pairs if k.lower() != "password"], safe="/")
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else ""), password
+        psycopg.connect(check(url), autocommit=True, connect_timeout=max(1, round(connect_timeout_s)),
+                        application_name="hermes-supervisor").close()
+    except psycopg.Error as exc:
+        error = PgStorage._failure(exc, None)
+        error.args = tuple(hide(a, url) if isinstance(a, str) else a for a in error.args)
+        raise error from exc
 
 
 def to_bytes(text: str | None) -> bytes | None:
@@ -125,7 +104,7 @@ class PgStorage:
     ) -> None:
         if synchronous.upper() not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
-        self._url = url  # kept to reconnect; never shown (it may hold a password)
+        self._url = check(url)  # kept to reconnect; never shown (it may hold a password)
         self.location = redact(url)
         self.db_path = self.location  # what a persistence failure's message names (hermes.turn)
         self.synchronous = synchronous.upper()
@@ -154,7 +133,10 @@ class PgStorage:
                                    connect_timeout=max(1, round(self.connect_timeout_s)),
                                    application_name=self.application_name)
         except psycopg.Error as exc:
-            raise self._failure(exc, None) from exc
+            error = self._failure(exc, None)
+            # libpq words a connection it could not make in its own words, which may quote the password
+            error.args = tuple(hide(a, self._url) if isinstance(a, str) else a for a in error.args)
+            raise error from exc
         try:
             self._configure(conn)
         except psycopg.Error as exc:

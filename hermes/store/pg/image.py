@@ -39,8 +39,9 @@ from typing import Any
 from hermes.private_files import FILE_MODE, fsync_dir
 from hermes.store.errors import StorageError
 from hermes.store.pg import failure, schema
-from hermes.store.pg.connection import redact, to_text
+from hermes.store.pg.connection import to_text
 from hermes.store.pg.driver import psycopg
+from hermes.store.pg.url import check, hide, redact
 from hermes.store.schema import create_schema
 
 # What the server shows in pg_stat_activity for an image's connection: a nemesis that ends or stops
@@ -108,6 +109,7 @@ def copy_to_sqlite(url: str, path: Path, session_id: str | None = None, *, durab
 def _copy(url: str, session_id: str | None, image: sqlite3.Connection, where: Path) -> None:
     """Read the store in one snapshot and insert its rows into `image` (inside its transaction)."""
     connected = False
+    check(url)
     try:
         with psycopg.connect(url, autocommit=True, client_encoding="UTF8", connect_timeout=CONNECT_TIMEOUT_S,
                              application_name=APPLICATION_NAME) as conn, conn.cursor() as cur:
@@ -121,7 +123,7 @@ def _copy(url: str, session_id: str | None, image: sqlite3.Connection, where: Pa
                     cur.execute("ROLLBACK")  # read-only: nothing to keep, and the snapshot is let go at once
     except psycopg.Error as exc:
         sqlstate = getattr(exc, "sqlstate", None)
-        message = " ".join(((exc.diag.message_primary if sqlstate else None) or str(exc)).split())
+        message = hide(" ".join(((exc.diag.message_primary if sqlstate else None) or str(exc)).split()), url)
         # A connection never made is said by libpq in words of its own, with no SQLSTATE.
         cause = failure.cause_for(sqlstate, message, connection_lost=not connected and sqlstate is None)
         raise StoreUnreadable(f"{redact(url)}: cannot read the PostgreSQL store ({cause}): {message}", cause) from exc

@@ -1,0 +1,95 @@
+"""What a person sees from the commands when something is out of reach or wrong: one line, a
+documented exit status, never a traceback, never a password; and `check`'s one-line verdict."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hermes.state import SessionDB
+
+from daemon_helpers.harness import REPO, env_for  # isort: skip
+
+pytest.importorskip("psycopg", reason="a --store URL needs the postgres extra")
+
+PASSWORD = "hunter22-secret"
+
+
+def supervisor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "supervisor", *args], cwd=tmp_path, env=env_for(tmp_path),
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def _verbs(url: str, home: Path) -> dict[str, list[str]]:
+    return {"submit": ["submit", "--store", url, "--session", "s", "hello"],
+            "status": ["status", "--store", url],
+            "result": ["result", "--store", url, "t-1"],
+            "check": ["check", "--store", url],
+            "serve": ["serve", "--store", url, "--home", str(home)]}
+
+
+@pytest.mark.parametrize("password", [PASSWORD, "hunter%zz22"])
+def test_every_verb_says_an_unreachable_store_in_one_line_and_exits_2(tmp_path: Path, password: str) -> None:
+    """No server listens in `tmp_path` (a Unix socket directory with none in it): every verb fails the
+    same way, and `serve` has created nothing. A malformed password is refused before libpq, which
+    would quote it."""
+    url = f"postgresql://someone:{password}@/hermes?host={tmp_path}"
+    home = tmp_path / "home-of-serve"
+    for verb, argv in _verbs(url, home).items():
+        done = supervisor(tmp_path, *argv)
+        assert done.returncode == 2, (verb, done.returncode, done.stderr)
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("hermes-supervisor: error: "), (verb, done.stderr)
+        assert "Traceback" not in done.stderr and done.stdout == "", (verb, done.stdout)
+        assert password not in done.stderr and "hunter" not in done.stderr, (verb, done.stderr)
+    assert not home.exists()
+
+
+def test_status_without_a_live_daemon_exits_3_and_still_shows_the_store(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    SessionDB(db).close()
+    shown = supervisor(tmp_path, "status", "--db", str(db))
+    assert shown.returncode == 3 and "daemon: not running" in shown.stdout, shown
+    as_json = supervisor(tmp_path, "status", "--db", str(db), "--json")
+    assert as_json.returncode == 3 and json.loads(as_json.stdout)["daemon"]["state"] == "not running"
+
+
+def test_check_says_its_verdict_in_one_line_and_all_of_it_with_json(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    with SessionDB(db) as handle:
+        handle.create_session("s")
+        handle.write_pending("s", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    line = supervisor(tmp_path, "check", "--db", str(db))
+    assert line.returncode == 0 and line.stdout.count("\n") == 1, line
+    assert line.stdout.startswith(f"{db}: valid (well-formed, no-duplicate-rows, answer-once)"), line.stdout
+    whole = supervisor(tmp_path, "check", "--db", str(db), "--json")
+    assert whole.returncode == 0 and json.loads(whole.stdout)["valid"] is True
+    missing = supervisor(tmp_path, "check", "--db", str(db), "--session", "nobody")
+    assert missing.returncode == 1 and missing.stdout.count("\n") == 1 and "unknown" in missing.stdout
+
+
+def test_no_message_offers_an_install_line_that_cannot_work() -> None:
+    """The package is on no index: `pip install 'hermes-supervisor[EXTRA]'` fails wherever it is
+    printed. Left for now: the LangGraph schema reader, under supervisor/chaos/, which is being
+    reworked elsewhere."""
+    elsewhere = {Path("supervisor/chaos/schema/langgraph.py"),
+                 Path("hermes/extras.py")}  # the last one says why the line cannot work
+    found = [str(path.relative_to(REPO)) for package in ("hermes", "supervisor", "worker", "targetkit", "bench")
+             for path in sorted((REPO / package).rglob("*.py"))
+             if path.relative_to(REPO) not in elsewhere
+             and "pip install 'hermes-supervisor[" in path.read_text(encoding="utf-8")]
+    assert found == []
+
+
+def test_the_install_line_of_a_checkout_is_its_setup_script() -> None:
+    from hermes.extras import install_line, requirements
+
+    code = "from hermes.extras import install_line; print(install_line('postgres'))"
+    elsewhere = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=60,
+                               env={"PYTHONPATH": str(REPO)}).stdout.strip()
+    assert elsewhere == f"{REPO / 'scripts' / 'setup'} postgres"
+    if Path(sys.prefix).resolve().parent == REPO.resolve():  # this interpreter is one scripts/setup made
+        assert install_line("http") == "./scripts/setup http" or install_line("http").endswith("scripts/setup http")
+    assert any(req.startswith("psycopg") for req in requirements("postgres"))
