@@ -1,10 +1,12 @@
 """`hermes-supervisor`: chaos campaigns and transcript checks.
 
     hermes-supervisor chaos [--mode exhaustive|double|random|pause] [--scenario NAME ...] [--jobs N] [--store postgres]
+                            [--tools MODULE]   (your own @tool module on our runtime)
                             [--shard I/N] [--seed S --runs N] [--report DIR] [--case ID] [--list-points]
                             [--target NAME [--target-option KEY=VALUE|KEY=all ...]] [--list-targets]
     hermes-supervisor merge OUT_DIR SHARD_DIR...   (one report from the --report DIRs of --shard 1/N ... N/N)
-    hermes-supervisor check (--db PATH | --store URL) [--session ID]
+    hermes-supervisor check (--db PATH | --store URL) [--session ID] [--json]
+                            (one line: valid, not valid or unknown, and why; --json: the whole verdict)
     hermes-supervisor serve|submit|status|result ...   (the daemon; see --help of each)
     hermes-supervisor bench [--quick]
 
@@ -16,7 +18,6 @@ No option is ever abbreviated: `--worker 2` is an error, not `--workers 2`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -73,6 +74,11 @@ def _add_chaos(commands: argparse._SubParsersAction) -> None:
                        help="generated: conversations and kills drawn by Hypothesis (--seed, --runs)")
     chaos.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), default=None,
                        help="repeatable; default: all")
+    chaos.add_argument("--tools", default=None, metavar="MODULE",
+                       help="crash-test your own tools (the module `serve --tools` takes) on our runtime: the "
+                            "conversations call them (generated mode: arguments drawn from their JSON schemas), "
+                            "they run for real in each case's directory, and each is judged by the policy it "
+                            "declares")
     chaos.add_argument("--jobs", type=positive_int, default=2)
     chaos.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N")
     chaos.add_argument("--seed", type=int, default=0, help="random and generated modes: case i follows from (seed, i)")
@@ -159,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a PostgreSQL store (postgresql://...), checked through a SQLite image of one snapshot "
                             "of it (needs the postgres extra)")
     check.add_argument("--session", default=None)
+    check.add_argument("--json", action="store_true", help="print the whole verdict as JSON (its witnesses, its counts) "
+                                                           "instead of one line")
     daemon_cli.add_commands(commands)
     # The benchmarks are a program of their own (`python -m bench`, scripts/bench.py): `main` hands
     # this verb's arguments over unparsed (run_bench), so nothing of them is imported here.
@@ -192,7 +200,8 @@ def _list_targets() -> str:
         lines.append(f"{name}  {target.description}{'' if problem is None else '  [not installed: ' + problem + ']'}")
         lines.append(f"    {target.workers()}")
         for key, option in target.options.items():
-            lines.append(f"    --target-option {key}={'|'.join(option.choices)}  (default {option.default})"
+            default = f"default {option.default}" if not option.free else "not set unless given"
+            lines.append(f"    --target-option {key}={option.shown()}  ({default})"
                          f"{': ' + option.help if option.help else ''}")
     return "\n".join(lines)
 
@@ -211,9 +220,7 @@ def _option_runs(args: argparse.Namespace) -> tuple[str | None, list[dict[str, s
         if not spread:
             return None, [target.check_options(pairs)]
         key = spread[0]
-        if key not in target.options:
-            target.check_options(pairs)  # says it has no such option
-        return key, [target.check_options({**pairs, key: value}) for value in target.options[key].choices]
+        return key, [target.check_options({**pairs, key: value}) for value in target.spread(key)]
     except OptionError as exc:
         raise UsageError(str(exc)) from None
 
@@ -271,7 +278,12 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
                          "and --report DIR")
     if args.mode == "generated" and args.scenario:
         raise UsageError("--scenario names a script; --mode generated draws its conversations instead")
+    own = _own_tools(args) or _app_tools(args, options)
     scripts = [] if args.mode == "generated" else args.scenario or sorted(SCENARIOS)
+    if own is not None:
+        from supervisor.chaos.own_tools import script_names
+
+        scripts = [] if args.mode == "generated" else script_names(own)
     config = CampaignConfig(scenarios=scripts, mode=args.mode, seed=args.seed,
                             runs=args.runs, jobs=args.jobs, shard=args.shard, kill_modes=kill_modes,
                             workdir=args.workdir, keep=args.workdir is not None, limit=args.limit,
@@ -279,7 +291,7 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
                             forkserver=not args.no_forkserver, faults=args.faults,
                             case_files=args.report / "cases" if args.report else None, target=args.target,
                             target_options=tuple(sorted(options.items())), synchronous=args.synchronous,
-                            store=args.store)
+                            store=args.store, tools=args.tools)
     _check_runnable(config, args.workdir)
     if args.report is not None:
         make_private_dirs(args.report)
@@ -291,6 +303,10 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
         raise UsageError(str(exc)) from None
     from supervisor.chaos.report import table, write_reports
 
+    if own is not None:
+        from supervisor.chaos.own_tools import record
+
+        summary["own_tools"] = record(own)
     print(table(summary))
     if summary["unreached"]:
         print(f"kill points never reached by any scenario: {', '.join(summary['unreached'])}")
@@ -304,6 +320,46 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
     if summary.get("interrupted"):
         raise Interrupted(summary["interrupted"])
     return (EXIT_OK if summary["ok"] else EXIT_VIOLATIONS), summary
+
+
+def _app_tools(args: argparse.Namespace, options: dict[str, str]) -> Any:
+    """The tools of the user's own app the target's options name (`--target langgraph --target-option
+    app=MODULE:build`, supervisor.chaos.app_tools), each said up front; None when they name none."""
+    from supervisor.chaos.app_tools import AppUnusable, describe, prepare
+
+    if _target(args.target).app_tools is None or _target(args.target).missing() is not None:
+        return None  # a target not installed is refused with its install line (_check_runnable)
+    try:
+        own = prepare(args.target, options, args.mode)
+    except AppUnusable as exc:
+        raise UsageError(str(exc)) from None
+    if own is None:
+        return None
+    if args.scenario:
+        raise UsageError("--scenario names a script of the chaos tools; with your app the scripts call its tools")
+    for line in describe(own, args.target, options):
+        print(line, flush=True)
+    return own
+
+
+def _own_tools(args: argparse.Namespace) -> Any:
+    """`--tools MODULE`: its tools, loaded and checked for `args.mode`, each left out said so up front
+    (supervisor.chaos.own_tools); None without it. UsageError when it cannot be crash-tested."""
+    if not getattr(args, "tools", None):
+        return None
+    from supervisor.chaos.own_tools import ToolsUnusable, describe, prepare
+
+    if args.scenario:
+        raise UsageError("--scenario names a script of the chaos tools; with --tools the scripts call your tools")
+    if args.target != registry.DEFAULT:
+        raise UsageError(f"--tools runs your tools on our runtime (--target {registry.DEFAULT}), not on {args.target}")
+    try:
+        own = prepare(args.tools, args.mode)
+    except ToolsUnusable as exc:
+        raise UsageError(str(exc)) from None
+    for line in describe(own):
+        print(line, flush=True)
+    return own
 
 
 def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
@@ -462,48 +518,6 @@ def _shrink_failures(args: argparse.Namespace, summary: dict[str, Any]) -> None:
         print("\n".join(shrunk_lines(shrunk)))
 
 
-def run_check(args: argparse.Namespace) -> int:
-    from hermes.state import StorageError
-    from supervisor.chaos.checker import check_structure
-
-    if args.store is not None:
-        return _check_store(args.store, args.session)
-    if not args.db.exists():
-        raise UsageError(f"--db {args.db} does not exist")
-    try:
-        verdict = check_structure(args.db, args.session)
-    except StorageError as exc:
-        raise UsageError(str(exc)) from None
-    print(json.dumps(verdict.to_json(), indent=2, ensure_ascii=False))
-    return EXIT_OK if verdict.valid is True else EXIT_VIOLATIONS
-
-
-def _check_store(url: str, session: str | None) -> int:
-    """`check --store URL`: the same structural check, on an image of one snapshot of the store
-    (hermes.store.pg.image) made in a private directory and removed after; the verdict names the
-    store by its URL, without the password."""
-    from hermes.state import StorageError
-    from hermes.store.engines import is_postgres_url
-    from hermes.store.pg.connection import redact
-    from supervisor.chaos.checker import check_structure
-
-    if not is_postgres_url(url):
-        raise UsageError("--store takes a postgresql:// URL (a SQLite database is --db PATH)")
-    try:
-        from hermes.store.pg.image import copy_to_sqlite
-    except ImportError as exc:  # the postgres extra is not installed: say what to install
-        raise UsageError(str(exc)) from None
-    where = redact(url)
-    with tempfile.TemporaryDirectory(prefix="hermes-check-") as scratch:  # 0700: the image holds the transcript
-        try:
-            image = copy_to_sqlite(url, Path(scratch) / "state.db", session, durable=False)
-            verdict = check_structure(image, session, name=where)
-        except StorageError as exc:
-            raise UsageError(str(exc)) from None
-    print(json.dumps({**verdict.to_json(), "store": where}, indent=2, ensure_ascii=False))
-    return EXIT_OK if verdict.valid is True else EXIT_VIOLATIONS
-
-
 def run_bench(argv: Sequence[str]) -> NoReturn:
     """Become `python -m bench ARGV`: its output and exit status, with nothing of it imported here."""
     sys.stdout.flush()
@@ -515,6 +529,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "chaos":
         return run_chaos(args)
     if args.command == "check":
+        from supervisor.check_command import run_check
+
         return run_check(args)
     if args.command == "merge":
         return run_merge(args)

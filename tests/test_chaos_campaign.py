@@ -253,7 +253,7 @@ def test_check_verb_passes_a_sound_database_and_names_a_broken_one(tmp_path: Pat
     _db_with_turn(bad, answer_tool_call=False)
     passed = supervisor("check", "--db", str(good), timeout=60)
     assert passed.returncode == 0, passed.stdout
-    failed = supervisor("check", "--db", str(bad), "--session", "s", timeout=60)
+    failed = supervisor("check", "--db", str(bad), "--session", "s", "--json", timeout=60)
     assert failed.returncode == 1
     verdict = json.loads(failed.stdout)
     assert verdict["valid"] is False

@@ -152,7 +152,8 @@ def clean_events(s: Scenario, ids: dict[str, int]) -> list[dict[str, Any]]:
     """A plausible history of the clean case: a kill at a probe, a resume, and what was seen."""
     base = {"case": "c", "incarnation": 1}
     return [
-        {**base, "t": 0.0, "type": "spawn", "pid": 10, "command": "run", "turn_id": "t1", "kill_at": "flush.committed:2"},
+        {**base, "t": 0.0, "type": "spawn", "pid": 10, "command": "run", "turn_id": "t1", "kill_at": "flush.committed:2",
+         "turn_index": 0, "process": 0},
         {**base, "t": 0.1, "type": "probe", "name": "flush.committed", "n": 1, "ctx": {}, "kill": False},
         {**base, "t": 0.2, "type": "effect", "tool": "lookup", "policy": IDEMPOTENT, "tool_call_id": "c-look",
          "turn": "t1", "idempotency_key": f"{SID}:t1:c-look", "request_durable": True, "intent_durable": True},
@@ -162,7 +163,8 @@ def clean_events(s: Scenario, ids: dict[str, int]) -> list[dict[str, Any]]:
         {**base, "t": 0.5, "type": "kill", "pid": 10, "signal": 9, "by": "self", "probe": "flush.committed:2"},
         {**base, "t": 0.6, "type": "exit", "pid": 10, "returncode": None, "signal": 9},
         s.snapshot(0.7),
-        {"case": "c", "incarnation": 2, "t": 0.8, "type": "spawn", "pid": 11, "command": "resume", "turn_id": "t1"},
+        {"case": "c", "incarnation": 2, "t": 0.8, "type": "spawn", "pid": 11, "command": "resume", "turn_id": "t1",
+         "turn_index": 0, "process": 1},
     ]
 
 
@@ -953,7 +955,7 @@ def test_coverage_says_no_kill_when_the_probe_fired_but_the_worker_lived(scenari
 
 def test_coverage_judges_timer_kills_by_how_the_worker_died() -> None:
     timer = Fault("timer", delay_ms=30)
-    spawn = {"t": 0.0, "case": "c", "type": "spawn", "incarnation": 1}
+    spawn = {"t": 0.0, "case": "c", "type": "spawn", "incarnation": 1, "turn_index": 0, "process": 0}
     kill = {"t": 0.03, "case": "c", "type": "kill", "incarnation": 1, "by": "timer", "signal": 9}
     died = {"t": 0.04, "case": "c", "type": "exit", "incarnation": 1, "returncode": None, "signal": 9}
     holds(coverage([spawn, kill, died], timer))
@@ -966,8 +968,9 @@ def test_coverage_counts_a_pause_only_when_the_worker_was_seen_stopped() -> None
     fired = {"t": 0.1, "case": "c", "type": "probe", "incarnation": 1, "name": "tool.dispatch.before", "n": 1,
              "kill": True}
     stopped = {"t": 0.2, "case": "c", "type": "pause", "incarnation": 1, "stopped": True}
-    holds(coverage([fired, stopped], pause))
-    assert coverage([fired, dict(stopped, stopped=False)], pause).reasons == ("no-kill",)
+    spawn = {"t": 0.0, "case": "c", "type": "spawn", "incarnation": 1, "turn_index": 0, "process": 0}
+    holds(coverage([spawn, fired, stopped], pause))
+    assert coverage([spawn, fired, dict(stopped, stopped=False)], pause).reasons == ("no-kill",)
 
 
 # ====================================================================== classes

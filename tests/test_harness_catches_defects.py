@@ -260,6 +260,14 @@ DEFECT_CASES = [
         "synchronous_off", "synchronous-off",
         ("--faults", "power-loss", "--scenario", "single-tool", "--probe", "finalize.before"),
         frozenset({"power-cut-durability"}), at="finalize.before:1", below_sigkill=True)),
+    _case("answer-commit-unsynced", Defect(
+        # Only the final answer's commit is never synced. Killed right after that commit returned
+        # (single-tool's 4th flush), the power is cut: the answer is gone although nothing had shown
+        # it yet. The kill after COMMIT is the proof that it had returned. With process kills alone
+        # the same campaign passes.
+        "answer_commit_unsynced", "answer-commit-unsynced",
+        ("--faults", "power-loss", "--scenario", "single-tool", "--probe", "flush.committed"),
+        frozenset({"power-cut-durability"}), at="flush.committed:4", below_sigkill=True)),
     _case("spill-unsynced", Defect(
         # parallel-read's third lookup is too big for the transcript and is spilled to a file that is
         # never synced. Killed before the answer is flushed, the power is cut: the file is gone, its

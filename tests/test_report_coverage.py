@@ -15,8 +15,12 @@ from test_html_report import Dom, no_network_references
 
 from hermes.probes import POINTS
 from supervisor.chaos.campaign import summarize
-from supervisor.chaos.conversation import Call, Conversation, Step, TurnPlan
+from supervisor.chaos.checker import Verdict
+from supervisor.chaos.conversation import Call, Conversation, Step, TurnPlan, after_feature, first_seen, observed
 from supervisor.chaos.coverage import coverage
+from supervisor.chaos.generator import Case
+from supervisor.chaos.nemesis import Fault
+from supervisor.chaos.runner import CaseResult
 from supervisor.chaos.report import markdown, refresh
 from supervisor.chaos.report.html import render
 
@@ -153,3 +157,68 @@ def test_refresh_writes_markdown_and_html_from_report_json(tmp_path: Path) -> No
     assert len(Dom(page).all("data-shrunk", tag="li")) == 1 and SCRIPT not in page
     for name in ("report.md", "report.html"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
+
+
+# ------------------------------------------------------------ a feature counts only at kills after it
+def _explored() -> tuple[Conversation, list[tuple[int, int, str, int]]]:
+    """A two-turn conversation with a block of three reads in turn 0 and compaction before turn 1,
+    and the probe trace of its fault-free run."""
+    conversation = Conversation((TurnPlan("look", steps=(Step((Call("lookup"),) * 3),)), TurnPlan("again")),
+                                compact_above=2)
+    trace = [(0, 0, "turn.start", 1), (0, 0, "flush.committed", 1), (0, 0, "model.request", 1),
+             (0, 0, "model.response", 1),  # the reply asking for the block
+             (0, 0, "flush.committed", 2), *((0, 0, "tool.dispatch.before", n) for n in (1, 2, 3)),
+             (0, 0, "model.request", 2), (0, 0, "model.response", 2), (0, 0, "flush.committed", 3),
+             (0, 0, "finalize.before", 1),
+             (1, 0, "turn.start", 1), (1, 0, "compact.in_txn", 1), (1, 0, "flush.committed", 1),
+             (1, 0, "model.request", 1), (1, 0, "model.response", 1), (1, 0, "finalize.before", 1)]
+    return conversation, trace
+
+
+def _landed(conversation: Conversation, *kills: tuple[int, int, str, int, bool]) -> CaseResult:
+    """A case of `conversation` whose plan kills at each (turn, process, probe, n), landed or not."""
+    fault = None
+    for turn, process, probe, n, _ in reversed(kills):
+        fault = Fault("probe", turn, process, probe=probe, n=n, then=fault)
+    planned = [{"fault": f"probe:self@{probe}:{n}@t{turn}p{process}", "kind": "probe", "turn": turn,
+                "process": process, "point": f"{probe}:{n}", "fired": landed, "landed": landed}
+               for turn, process, probe, n, landed in kills]
+    landed_n = sum(k["landed"] for k in planned)
+    return CaseResult(Case(conversation.name, fault), Verdict(True, [], {}, "case"), landed_n, landed_n, 0.1,
+                      fired=[k["point"] for k in planned if k["fired"]], planned_kills=planned)
+
+
+def test_first_seen_places_each_feature_at_the_hit_where_it_happened() -> None:
+    conversation, trace = _explored()
+    seen = first_seen(conversation, trace)
+    assert set(seen) == observed(conversation, trace) == {"multi-turn", "block-of-3", "concurrent", "compaction"}
+    assert (seen["block-of-3"]["turn"], seen["block-of-3"]["point"], seen["block-of-3"]["n"]) == (0, "model.response", 1)
+    assert seen["compaction"]["hit"] == trace.index((1, 0, "compact.in_txn", 1))
+    assert seen["multi-turn"]["hit"] == trace.index((1, 0, "turn.start", 1))
+    block = json.loads(json.dumps(seen["block-of-3"]))  # as report.json keeps it
+    assert not after_feature((0, 0, "flush.committed", 1), block)  # the block was not asked for yet
+    assert after_feature((0, 0, "model.response", 1), block)       # the hit where it happened
+    assert after_feature((0, 0, "flush.committed", 2), block) and after_feature((1, 0, "turn.start", 1), block)
+    assert not after_feature((0, 0, "turn.start", 1), seen["compaction"])
+
+
+def test_coverage_counts_a_feature_only_at_kills_after_it_happened() -> None:
+    conversation, trace = _explored()
+    records = {conversation.name: {"features": sorted(observed(conversation, trace)),
+                                   "first_seen": json.loads(json.dumps(first_seen(conversation, trace)))}}
+    results = [_landed(conversation, (0, 0, "turn.start", 1, True)),        # before every feature
+               _landed(conversation, (0, 0, "flush.committed", 2, True)),   # after the block's reply
+               _landed(conversation, (1, 0, "model.request", 1, True)),     # after all of them
+               # A chain whose second kill, the only one after compaction, never landed.
+               _landed(conversation, (0, 0, "turn.start", 1, True), (1, 0, "finalize.before", 1, False))]
+    rows = coverage(results, records)["features"]
+    assert {f: rows[f]["cases"] for f in records[conversation.name]["features"]} == \
+        {"multi-turn": 4, "block-of-3": 4, "concurrent": 4, "compaction": 4}
+    assert rows["block-of-3"]["killed"] == 2 and rows["block-of-3"]["points"] == {"flush.committed": 1,
+                                                                                  "model.request": 1}
+    assert rows["compaction"]["killed"] == 1 and rows["compaction"]["points"] == {"model.request": 1}
+    assert rows["multi-turn"]["points"] == {"model.request": 1}
+    assert "turn.start" not in {p for row in rows.values() for p in row["points"]}
+    # A record without first hits (a report from before they were kept) counts no kill at all.
+    bare = {conversation.name: {"features": records[conversation.name]["features"]}}
+    assert all(row["killed"] == 0 for row in coverage(results, bare)["features"].values())

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from supervisor.chaos.campaign import runs_result, summarize
-from supervisor.chaos.checker import NO_KILL, UNKNOWN, Verdict, Violation, compose, coverage, unknown_verdict
+from supervisor.chaos.checker import NO_KILL, UNFIRED, UNKNOWN, Verdict, Violation, compose, coverage, unknown_verdict
 from supervisor.chaos.checker.deaths import count_deaths, death_causes
+from supervisor.chaos.checker.kills import planned_kills
 from supervisor.chaos.generator import Case, case_file_stem
 from supervisor.chaos.nemesis import Fault
 from supervisor.chaos.nemesis.accounting import account, add_rows, campaign_rows, unlanded
@@ -37,6 +38,11 @@ def _kill(inc: int, by: str) -> dict[str, Any]:
     return {"type": "kill", "incarnation": inc, "by": by, "signal": KILL}
 
 
+def _spawn(inc: int, turn: int = 0, process: int = 0, command: str = "run") -> dict[str, Any]:
+    return {"type": "spawn", "incarnation": inc, "turn_index": turn, "process": process, "command": command,
+            "turn_id": f"turn-{turn}"}
+
+
 # ------------------------------------------------------------------ deaths, by cause
 def test_a_kill_announced_as_the_workers_last_word_is_the_nemesis() -> None:
     events = [_probe(1, "tool.dispatch.before"), _probe(1, "tool.dispatch.after", kill=True),
@@ -46,7 +52,7 @@ def test_a_kill_announced_as_the_workers_last_word_is_the_nemesis() -> None:
 
 
 def test_a_worker_that_lived_on_past_its_announced_kill_died_of_something_else() -> None:
-    lived_on = [_probe(1, "tool.dispatch.before", kill=True), _kill(1, "self"),
+    lived_on = [_spawn(1), _probe(1, "tool.dispatch.before", kill=True), _kill(1, "self"),
                 {"type": "effect", "incarnation": 1, "tool": "restart_agent"}, _exit(1)]
     assert death_causes(lived_on) == {1: "self"}
     assert count_deaths(lived_on) == (0, {"self": 1})
@@ -70,6 +76,81 @@ def test_deaths_no_one_planned_are_counted_by_cause() -> None:
          "last_report": {"type": "effect", "tool": "restart_agent"}},
     ]
     assert count_deaths(events) == (2, {"SIGSEGV": 1, "self": 2, "timeout": 2, "unannounced": 1})
+
+
+def test_a_worker_that_announced_its_kill_then_hung_until_the_timeout_died_of_the_timeout() -> None:
+    # Mode self: the kill is recorded as the nemesis's when announced; the worker never died of it and
+    # was killed later by the supervisor for taking too long. That timeout, not the nemesis, killed it.
+    hung = [_spawn(1), _probe(1, "tool.dispatch.before", kill=True), _kill(1, "self"), _kill(1, "timeout"), _exit(1)]
+    assert death_causes(hung) == {1: "timeout"}
+    assert count_deaths(hung) == (0, {"timeout": 1})
+    verdict = coverage(hung, Fault("probe", probe="tool.dispatch.before", n=1))
+    assert verdict.valid == UNKNOWN and verdict.reasons == (NO_KILL,), verdict.message
+    assert "timeout" in verdict.message
+    # The same for a kill made from outside that the timeout overtook, and for an announced timer.
+    external = [_spawn(1), _probe(1, "finalize.before", kill=True, mode="external"), _kill(1, "supervisor"),
+                _kill(1, "timeout"), _exit(1)]
+    assert death_causes(external) == {1: "timeout"}
+    # A kill that did land stays the nemesis's when nothing killed the worker after it.
+    assert death_causes(hung[:3] + hung[4:]) == {1: "nemesis"}
+
+
+# ------------------------------------------------------------------ each planned kill on its own worker
+def _chain(label: str) -> Fault:
+    return Case.parse(label).fault  # type: ignore[return-value]
+
+
+def _killed_at(inc: int, name: str, n: int) -> list[dict[str, Any]]:
+    """A worker that hits `name` n times and dies of its planned kill at the n-th."""
+    return [*(_probe(inc, name, i) for i in range(1, n)), _probe(inc, name, n, kill=True), _kill(inc, "self"), _exit(inc)]
+
+
+def test_a_chain_passes_only_when_each_kill_lands_on_its_own_worker() -> None:
+    chain = _chain("single-tool/probe:self@flush.committed:3@t0p0+probe:self@flush.committed:3@t0p1")
+    both = [_spawn(1), *_killed_at(1, "flush.committed", 3), _spawn(2, process=1, command="resume"),
+            *_killed_at(2, "flush.committed", 3), _spawn(3, process=2, command="resume"), _exit(3, None, 0)]
+    assert coverage(both, chain).valid is True
+    # The recovery worker hit the point only twice: its kill never fired, though the first one's did.
+    one = [_spawn(1), *_killed_at(1, "flush.committed", 3), _spawn(2, process=1, command="resume"),
+           _probe(2, "flush.committed", 1), _probe(2, "flush.committed", 2), _exit(2, None, 0)]
+    verdict = coverage(one, chain)
+    assert verdict.valid == UNKNOWN and verdict.reasons == (UNFIRED,), verdict.message
+    assert "t0p1" in verdict.message and verdict.counts["kills_planned"] == 2
+    assert verdict.counts["kills_planned_landed"] == 1
+    assert [(k.fired, k.landed) for k in planned_kills(one, chain)] == [(True, True), (False, False)]
+
+
+def test_a_kill_aimed_at_a_process_that_never_started_never_fired() -> None:
+    nowhere = _chain("single-tool/probe:self@flush.committed:3@t0p9")
+    events = [_spawn(1), *_killed_at(1, "flush.committed", 3), _spawn(2, process=1, command="resume"), _exit(2, None, 0)]
+    verdict = coverage(events, nowhere)
+    assert verdict.valid == UNKNOWN and verdict.reasons == (UNFIRED,)
+    assert "no worker was started as t0p9" in verdict.message
+    # Nor does a kill of another turn stand in for it.
+    assert coverage(events, _chain("single-tool/probe:self@flush.committed:3@t1p0")).valid == UNKNOWN
+
+
+def test_a_chain_whose_second_kill_fired_without_killing_is_no_kill() -> None:
+    chain = _chain("single-tool/probe:self@flush.committed:1@t0p0+probe:self@tool.dispatch.before:1@t0p1")
+    lived = [_spawn(1), *_killed_at(1, "flush.committed", 1), _spawn(2, process=1, command="resume"),
+             _probe(2, "tool.dispatch.before", 1, kill=True), _kill(2, "self"),
+             {"type": "effect", "incarnation": 2, "tool": "restart_agent"}, _exit(2)]
+    verdict = coverage(lived, chain)
+    assert verdict.valid == UNKNOWN and verdict.reasons == (NO_KILL,)
+    result = CaseResult(Case("single-tool", chain), compose([verdict], "case"), 1, 1, 0.1,
+                        planned_kills=[k.to_json() for k in planned_kills(lived, chain)])
+    assert result.no_kill
+    assert [k["landed"] for k in result.to_json()["planned_kills"]] == [True, False]
+    summary = summarize([result])
+    assert summary["kills_planned"] == 2 and summary["kills_planned_landed"] == 1 and summary["ok"] is False
+    assert summary["no_kill_cases"] == [result.case.case_id]
+
+
+def test_a_timer_kill_counts_only_on_the_worker_it_was_aimed_at() -> None:
+    timer = Fault("timer", 0, 1, delay_ms=30)
+    elsewhere = [_spawn(1), _kill(1, "timer"), _exit(1), _spawn(2, process=1), _exit(2, None, 0)]
+    assert coverage(elsewhere, timer).reasons == (NO_KILL,)
+    assert coverage([_spawn(1), _exit(1, None, 0), _spawn(2, process=1), _kill(2, "timer"), _exit(2)], timer).valid is True
 
 
 def test_a_pause_is_no_kill_even_when_its_worker_dies_later() -> None:
@@ -189,6 +270,28 @@ def test_self_kills_are_counted_apart_from_the_kills_the_nemesis_landed(tmp_path
         assert r["other_deaths"] == ({"self": r["other_deaths"]["self"]} if r["other_deaths"] else {})
     assert tool_deaths > len(planned) // 2 and report["other_deaths"] == {"self": tool_deaths}
     assert f"kills landed {len(planned)}, other deaths self {tool_deaths}" in out
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_a_chain_with_a_kill_that_never_landed_is_not_judged(tmp_path: Path) -> None:
+    """Real workers: the first kill of each chain lands; the second is aimed at the recovery worker,
+    which hits that point only once, or at a process that never starts. Neither case passes, and
+    each planned kill is accounted on its own."""
+    twice = "single-tool/probe:self@flush.committed:3@t0p0+probe:self@flush.committed:3@t0p1"
+    nowhere = "single-tool/probe:self@flush.committed:3@t0p0+probe:self@flush.committed:3@t0p9"
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "supervisor", "chaos", "--case", twice, "--case", nowhere,
+                           "--report", str(tmp_path / "report")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=240, start_new_session=True, check=False)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["kills"] == 2 and report["kills_planned"] == 4 and report["kills_planned_landed"] == 2
+    assert sorted(report["unfired"]) == sorted([twice, nowhere]) and report["no_kill"] == 2
+    for result in report["results"]:
+        assert result["verdict"]["valid"] == UNKNOWN and result["no_kill"] is True
+        assert [(k["process"], k["fired"], k["landed"]) for k in result["planned_kills"]] == \
+            [(0, True, True), (1 if result["case"] == twice else 9, False, False)]
 
 
 def test_a_timer_that_went_off_late_is_aimed_earlier_each_time(tmp_path: Path) -> None:

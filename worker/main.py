@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
         key.add_argument("--api-key", default=None,
                          help="the API key (visible to every user in the process list: prefer --api-key-file or "
                               "$OPENAI_API_KEY, the default)")
+        sub.add_argument("--ledger-tools", action="store_true",
+                         help="record every call of the --tools modules' tools in the effects ledger with what it "
+                              "returned, reporting each effect first, as the chaos tools do; and run them at home "
+                              "in the case: HOME the working directory, HERMES_HOME --home (a chaos campaign's "
+                              "--tools MODULE)")
         sub.add_argument("--control", type=int, default=None, metavar="FD", help="inherited control socket")
         sub.add_argument("--kill-at", default=None, metavar="PROBE[:N]")
         sub.add_argument("--kill-mode", default="self", choices=KILL_MODES)
@@ -235,6 +240,10 @@ def _validate(args: argparse.Namespace) -> KillPlan | None:
         if not probes.is_known(plan.probe):
             raise UsageError(f"--kill-at {args.kill_at!r}: unknown probe; known: {', '.join(probes.POINTS)}")
     _read_inputs(args)
+    if args.ledger_tools:  # before the tools' modules are imported: what they read at import counts
+        from worker.ledgered_tools import enter_home
+
+        enter_home(args.home)
     try:
         args.toolsets = targets.load_tools(args.tools)
     except ValueError as exc:

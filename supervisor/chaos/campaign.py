@@ -24,9 +24,19 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
 from supervisor.chaos.checker import NO_KILL, UNFIRED, UNKNOWN, Verdict
+from supervisor.chaos.checker.kills import chain
 from supervisor.chaos.checker.verdict import VIOLATION_CLASSES, rank
 from supervisor.chaos.config import CampaignConfig
-from supervisor.chaos.conversation import Conversation, UnknownConversation, is_generated, lookup, observed, register
+from supervisor.chaos.conversation import (
+    Conversation,
+    UnknownConversation,
+    first_seen,
+    is_generated,
+    lookup,
+    observed,
+    register,
+    scenario_named,
+)
 from supervisor.chaos.generator import Case, case_file_stem, enumerate_cases, random_cases
 from supervisor.chaos.history import HistoryWriter, canonical_json, write_json
 from supervisor.chaos.nemesis.accounting import add_rows, campaign_rows, unlanded
@@ -34,7 +44,7 @@ from supervisor.chaos.nemesis.family import check_store, chosen
 from supervisor.chaos.pgstore import POSTGRES, Databases, check_runnable, start_cluster
 from supervisor.chaos.plan import Plan, in_part
 from supervisor.chaos.runner import CaseResult, CaseRunner
-from supervisor.chaos.scenarios import MODEL, SCENARIOS, CampaignScript, campaign_script
+from supervisor.chaos.scenarios import MODEL, CampaignScript, campaign_script
 from supervisor.procs.pool import Pool, PoolStopped, WorkerProcess
 from targetkit import registry
 from testkit.modelserver import ScriptedModelServer
@@ -123,7 +133,7 @@ class Campaign:
         config = self.config
         self._root = Path(config.workdir or tempfile.mkdtemp(prefix="hermes-chaos-"))
         make_private_dirs(self._root)
-        self._script = script = campaign_script([SCENARIOS[name] for name in config.scenarios])
+        self._script = script = campaign_script([scenario_named(name) for name in config.scenarios])
         for family, faults in chosen(config.faults):
             script = family.model_script(script, faults)
         if config.store == POSTGRES:
@@ -310,6 +320,14 @@ class Campaign:
         """Generated mode's case `index` (supervisor.chaos.explore), avoiding what the target cannot take."""
         from supervisor.chaos import explore  # Hypothesis is loaded by the modes that draw with it
 
+        from supervisor.chaos.app_tools import for_config
+
+        tools = self.config.tools or for_config(self.config)  # a user's own tools, or their app's
+        if tools:  # (supervisor.chaos.own_tools; supervisor.chaos.app_tools)
+            from supervisor.chaos.own_tools import draw_case
+
+            return draw_case(self.config.seed, index, tools,
+                             registry.get(self.config.target).unsupported, self.config.kill_modes)
         return explore.draw(self.config.seed, index, registry.get(self.config.target).unsupported,
                             self.config.kill_modes)
 
@@ -331,6 +349,8 @@ class Campaign:
             return done  # every schedule is resolved against its conversation's fault-free run
         for name in names:
             plan.conversations[name]["features"] = sorted(observed(lookup(name), self.baselines[name].trace))
+            # Where each first happened: coverage counts a feature only at kills that came after it.
+            plan.conversations[name]["first_seen"] = first_seen(lookup(name), self.baselines[name].trace)
         planned = [(i, Case(d.conversation.name, d.schedule(self.baselines[d.conversation.name].trace)))
                    for i, d in draws.items()]
         cases = plan.drawn(config, config.runs, [(i, c) for i, c in planned if self._selected(c)])
@@ -417,7 +437,7 @@ def runs_result(results: list[CaseResult]) -> CaseResult:
         sum(r.seconds for r in results), last.trace, list(dict.fromkeys(p for r in results for p in r.fired)),
         frozenset().union(*(r.reached for r in results)), last.flags, results[0].span_ms, reaimed=True,
         other_deaths=other_deaths, faults=faults, directory=last.directory, runs=records,
-        synchronous=last.synchronous, power=_add_counts(r.power for r in results))
+        synchronous=last.synchronous, power=_add_counts(r.power for r in results), planned_kills=last.planned_kills)
 
 
 def _add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
@@ -449,16 +469,16 @@ def summarize(results: list[CaseResult], campaign_faults: dict[str, dict[str, An
     seen_in_trace: set[str] = set()
     for result in results:
         seen_in_trace.update(result.reached)
-        fault = result.case.fault
-        targeted = []
-        while fault is not None:
-            if fault.probe:
-                targeted.append(fault)
-            fault = fault.then
-        for f in targeted:
+        # A point was hit when the kill aimed there fired on the worker it was aimed at; a result read
+        # from a report written before kills were accounted one by one has the points fired only.
+        accounted = getattr(result, "planned_kills", None)
+        fired_at = {k.get("fault") for k in accounted or () if k.get("fired")}
+        for f in chain(result.case.fault):
+            if not f.probe:
+                continue
             entry = points.setdefault(f.probe, {"hit": False, "cases": 0, "violations": 0})
             entry["cases"] += 1
-            if f.point in result.fired:
+            if (f.label() in fired_at) if accounted else (f.point in result.fired):
                 entry["hit"] = True
             if result.verdict.valid is False:
                 entry["violations"] += 1
@@ -477,6 +497,10 @@ def summarize(results: list[CaseResult], campaign_faults: dict[str, dict[str, An
     never = unlanded(faults) if results else []
     return {"ok": not violations and not unknown and not never, "cases": len(results),
             "kills": sum(r.kills for r in results), "other_deaths": other_deaths,
+            # Every kill of every plan's chain, each landed or not on the worker it was aimed at.
+            "kills_planned": sum(len(getattr(r, "planned_kills", None) or ()) for r in results),
+            "kills_planned_landed": sum(sum(1 for k in getattr(r, "planned_kills", None) or () if k.get("landed"))
+                                        for r in results),
             "no_kill": sum(1 for r in results if r.no_kill),
             "reaimed": sum(1 for r in results if r.reaimed),
             "runs": sum(max(1, len(r.runs)) for r in results),

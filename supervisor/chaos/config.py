@@ -39,3 +39,6 @@ class CampaignConfig:
     # Where the workers keep their sessions: "sqlite" (a file per case) or "postgres" (a database per
     # case on the campaign's private server, supervisor.chaos.pgstore); `--store`.
     store: str = "sqlite"
+    # A user's own tools module (`--tools`, supervisor.chaos.own_tools): every worker runs its tools
+    # through the effects ledger, and the conversations call them. None: the chaos tools.
+    tools: str | None = None

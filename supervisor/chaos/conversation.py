@@ -59,6 +59,9 @@ OBSERVED = {"compaction": "compact.in_txn", "compaction-mid-turn": "compact.in_t
 
 READ_ONLY = frozenset({"lookup", "slow_lookup"})       # parallel-safe: run concurrently
 AT_MOST_ONCE_TOOLS = frozenset({"append_note", "restart_agent"})
+# A campaign over a user's own tools (supervisor.chaos.own_tools) says how each is declared:
+# tool -> "read-only", "idempotent" or "at-most-once".
+_tool_kinds: dict[str, str] = {}
 IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 
 
@@ -195,7 +198,7 @@ def _block_features(calls: tuple[Call, ...]) -> set[str]:
         found.add("block-of-3")
     if len(calls) >= 5:
         found.add("block-of-5")
-    policies = {"read" if t in READ_ONLY else "once" if t in AT_MOST_ONCE_TOOLS else "write" for t in tools}
+    policies = {_policy(t) for t in tools}
     if len(policies) >= 2:
         found.add("mixed-policies")
     if "once" in policies:
@@ -205,7 +208,8 @@ def _block_features(calls: tuple[Call, ...]) -> set[str]:
     if any(c.tool == "lookup" and dict(c.arguments).get("pad", 0) >= SPILLED_PAD for c in calls):
         found.add("spilled-result")
     # How the runtime's executor splits a block: runs of read-only calls together, others alone.
-    runs = [t in READ_ONLY for i, t in enumerate(tools) if i == 0 or (t in READ_ONLY) != (tools[i - 1] in READ_ONLY)]
+    reads = [_policy(t) == "read" for t in tools]
+    runs = [r for i, r in enumerate(reads) if i == 0 or r != reads[i - 1]]
     if len(runs) >= 2:
         found.add("segmented")
     elif runs == [True] and len(calls) >= 2:
@@ -213,6 +217,18 @@ def _block_features(calls: tuple[Call, ...]) -> set[str]:
     elif runs == [False]:
         found.add("sequential")
     return found
+
+
+def _policy(tool: str) -> str:
+    kind = _tool_kinds.get(tool)
+    if kind is not None:
+        return {"read-only": "read", "at-most-once": "once"}.get(kind, "write")
+    return "read" if tool in READ_ONLY else "once" if tool in AT_MOST_ONCE_TOOLS else "write"
+
+
+def set_tool_kinds(kinds: dict[str, str]) -> None:
+    """How a user's own tools are declared (tool -> read-only, idempotent, at-most-once), for `features`."""
+    _tool_kinds.update(kinds)
 
 
 def observed(conversation: Conversation, trace: list[tuple[int, int, str, int]]) -> set[str]:
@@ -228,15 +244,100 @@ def observed(conversation: Conversation, trace: list[tuple[int, int, str, int]])
     return found
 
 
+def first_seen(conversation: Conversation, trace: list[tuple[int, int, str, int]]) -> dict[str, dict[str, Any]]:
+    """Where in a run whose probe trace is `trace` each feature it exercised (`observed`) first
+    happened: the hit at which it was there to be killed, as {"turn", "process", "point", "n",
+    "hit" (its index in `trace`), "before" (that worker's hits of each probe before it)}. A turn's
+    own feature (its message, a repeat, content parts) happens at the turn's first hit; a tool
+    block's at the model reply that asks for it; an answer's at its reply; compaction and streaming
+    at their probes. A feature the trace cannot place is left out: no kill is counted after it."""
+    turns = [conversation.turns[t.repeat_of] if t.repeat_of is not None else t for t in conversation.turns]
+    starts: dict[int, int] = {}
+    replies: dict[int, list[int]] = {}
+    for index, (turn, _process, name, _n) in enumerate(trace):
+        starts.setdefault(turn, index)
+        if name == "model.response":
+            replies.setdefault(turn, []).append(index)
+
+    def reply(turn: int, k: int) -> int | None:  # the k-th model reply of a turn (0 is the first)
+        got = replies.get(turn, [])
+        return got[k] if k < len(got) else None
+
+    places: dict[str, list[int | None]] = {}
+
+    def at(feature: str, index: int | None) -> None:
+        places.setdefault(feature, []).append(index)
+
+    at("multi-turn", starts.get(1))
+    at("four-turns", starts.get(3))
+    for u, (plan, own) in enumerate(zip(turns, conversation.turns)):
+        if own.repeat_of is not None:
+            at("repeated-message", starts.get(u))
+        if plan.parts:
+            at("list-content", starts.get(u))
+        if len(plan.steps) >= 2:
+            at("multi-step", reply(u, 1))
+        answer = reply(u, len(plan.steps))
+        if conversation.stream and plan.answer == "":
+            at("empty-streamed-answer", answer)
+        texts = [(plan.message, starts.get(u)), (plan.answer, answer)]
+        for i, step in enumerate(plan.steps):
+            for feature in _block_features(step.calls):
+                at(feature, reply(u, i))
+            if any(c.tool == "broken_tool" for c in step.calls) and i + 1 < len(plan.steps):
+                at("tool-error-retry", reply(u, i + 1))
+            texts.append((step.text or "", reply(u, i)))
+            texts += [(str(v), reply(u, i)) for c in step.calls for _, v in c.arguments]
+        for text, index in texts:
+            if not text.isascii():
+                at("unicode", index)
+            if "\x00" in text:
+                at("nul", index)
+    at("streaming", next((i for i, p in enumerate(trace) if p[2] == "model.chunk"), None))
+    at("compaction", next((i for i, p in enumerate(trace) if p[2] == "compact.in_txn"), None))
+    at("compaction-mid-turn", _first_compaction_after_a_tool(trace))
+    seen = {}
+    for feature in sorted(observed(conversation, trace)):
+        known = [i for i in places.get(feature, ()) if i is not None]
+        if known:
+            seen[feature] = _position(trace, min(known))
+    return seen
+
+
+def _position(trace: list[tuple[int, int, str, int]], index: int) -> dict[str, Any]:
+    turn, process, name, n = trace[index]
+    before: dict[str, int] = {}
+    for t, p, other, _n in trace[:index]:
+        if (t, p) == (turn, process):
+            before[other] = before.get(other, 0) + 1
+    return {"turn": turn, "process": process, "point": name, "n": n, "hit": index, "before": before}
+
+
+def after_feature(kill: tuple[int, int, str, int], seen: dict[str, Any]) -> bool:
+    """Is the kill at (turn, process, probe, n) of a run at or after the hit `seen` (`first_seen`)
+    of the same run? Turns and a turn's processes follow one another; within one worker, the
+    n-th hit of a probe comes after the feature when the worker hit that probe fewer than n times
+    before it."""
+    turn, process, name, n = kill
+    if (turn, process) != (seen["turn"], seen["process"]):
+        return (turn, process) > (seen["turn"], seen["process"])
+    return n > int((seen.get("before") or {}).get(name, 0))
+
+
 def _compacted_after_a_tool(trace: list[tuple[int, int, str, int]]) -> bool:
     """Did a process compact after it had dispatched a tool of its turn?"""
+    return _first_compaction_after_a_tool(trace) is not None
+
+
+def _first_compaction_after_a_tool(trace: list[tuple[int, int, str, int]]) -> int | None:
+    """The index in `trace` of the first compaction by a process that had dispatched a tool of its turn."""
     dispatched: set[tuple[int, int]] = set()
-    for turn, process, name, _n in trace:
+    for index, (turn, process, name, _n) in enumerate(trace):
         if name == "tool.dispatch.after":
             dispatched.add((turn, process))
         elif name == "compact.in_txn" and (turn, process) in dispatched:
-            return True
-    return False
+            return index
+    return None
 
 
 def is_generated(name: str) -> bool:
@@ -246,6 +347,16 @@ def is_generated(name: str) -> bool:
 # ---------------------------------------------------------------- the process's conversations
 _known: dict[str, Conversation] = {}
 _known_lock = threading.Lock()
+# The scripts of a user's own tools (supervisor.chaos.own_tools), by name: tool-<tool name>.
+_scripts: dict[str, Scenario] = {}
+_OWN_SCRIPT = re.compile(r"tool-[A-Za-z0-9_-]{1,64}")
+
+
+def register_script(scenario: Scenario) -> str:
+    """Make a script of a user's own tools runnable by name in this process."""
+    with _known_lock:
+        _scripts[scenario.name] = scenario
+    return scenario.name
 
 
 def register(conversation: Conversation) -> str:
@@ -272,9 +383,15 @@ def scenario_named(name: str) -> Scenario:
     """The scenario a case names: one of the scripts, or a conversation known in this process."""
     if name in SCENARIOS:
         return SCENARIOS[name]
+    with _known_lock:
+        script = _scripts.get(name)
+    if script is not None:
+        return script
+    if _OWN_SCRIPT.fullmatch(name):
+        raise UnknownConversation(f"{name} is the script of a tool of your own: give the campaign its --tools MODULE")
     return lookup(name).scenario()
 
 
 def known_name(name: str) -> bool:
     """Could `name` name a case's scenario (a script, or a conversation whether known here or not)?"""
-    return name in SCENARIOS or is_generated(name)
+    return name in SCENARIOS or is_generated(name) or bool(_OWN_SCRIPT.fullmatch(name))

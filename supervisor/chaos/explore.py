@@ -158,10 +158,13 @@ def _aim(points: list[tuple[int, int, str, int]], probe: str, n: int) -> tuple[i
     return points[0]
 
 
-def drawn(excluded: Collection[str], kill_modes: tuple[str, ...]) -> st.SearchStrategy[Drawn]:
+def drawn(excluded: Collection[str], kill_modes: tuple[str, ...],
+          talk: st.SearchStrategy[Conversation] | None = None) -> st.SearchStrategy[Drawn]:
+    """Drawn cases: conversations over the chaos tools, or those `talk` draws (a user's own
+    tools': supervisor.chaos.own_draws), each with its kill schedule."""
     kill = st.tuples(st.integers(0, MAX_TURNS - 1), st.sampled_from(POINTS), st.integers(1, MAX_HIT))
-    case = st.builds(Drawn, conversations(excluded), st.lists(kill, min_size=1, max_size=MAX_KILLS).map(tuple),
-                     st.sampled_from(kill_modes))
+    case = st.builds(Drawn, conversations(excluded) if talk is None else talk,
+                     st.lists(kill, min_size=1, max_size=MAX_KILLS).map(tuple), st.sampled_from(kill_modes))
     # A run's second example must differ from its first (the simplest) somewhere, and Hypothesis
     # makes it differ at the first choice it can: a salt drawn first takes that, so the case's own
     # choices are all drawn freely (without it, the first yes/no of every case came out "yes").
@@ -182,13 +185,14 @@ def hypothesis_settings(phases: tuple[Phase, ...] = (Phase.generate,)) -> settin
 
 
 def draw(campaign_seed: int, index: int, excluded: Collection[str] = (),
-         kill_modes: tuple[str, ...] = ("self",)) -> Drawn:
-    """Case `index` of a generated campaign with seed `campaign_seed`."""
+         kill_modes: tuple[str, ...] = ("self",), talk: st.SearchStrategy[Conversation] | None = None) -> Drawn:
+    """Case `index` of a generated campaign with seed `campaign_seed` (its conversation drawn by
+    `talk`, when given)."""
     seen: list[Drawn] = []
 
     @seed(case_seed(campaign_seed, index))
     @hypothesis_settings()
-    @given(drawn(tuple(sorted(excluded)), kill_modes))
+    @given(drawn(tuple(sorted(excluded)), kill_modes, talk))
     def collect(case: Drawn) -> None:
         seen.append(case)
 

@@ -47,7 +47,7 @@ class StoredResult:
     CaseResult, its report.json entry kept exactly as the shard wrote it."""
 
     __slots__ = ("entry", "case", "verdict", "kills", "restarts", "seconds", "fired", "reached", "no_kill",
-                 "reaimed", "other_deaths", "faults", "runs", "synchronous", "power")
+                 "reaimed", "other_deaths", "faults", "runs", "synchronous", "power", "planned_kills")
 
     def __init__(self, data: dict[str, Any], shared: dict[Any, Any] | None = None) -> None:
         self.entry = {k: v for k, v in data.items() if k != "reached"}
@@ -69,6 +69,7 @@ class StoredResult:
         self.runs = list(data.get("runs") or [])
         self.synchronous = str(data.get("synchronous") or "FULL")  # reports from before the option: FULL
         self.power = dict(data.get("power") or {})
+        self.planned_kills = list(data.get("planned_kills") or [])
 
     def repro(self) -> str:
         return self.entry.get("repro", self.case.repro())

@@ -42,14 +42,17 @@ def options(config: CampaignConfig) -> dict[str, Any]:
     """The options that decide which cases a campaign plans, `--faults` aside (shards of one
     campaign may run under different faults: see the module docstring of supervisor.chaos.merge).
     The store only when it is not SQLite's, so that a campaign on SQLite keeps the hash (and the
-    campaign id) it always had, and shards on two engines never merge into one report."""
+    campaign id) it always had, and shards on two engines never merge into one report. The module of
+`--tools` likewise."""
     store = getattr(config, "store", "sqlite")
     return {"plan_version": PLAN_VERSION, "mode": config.mode, "seed": config.seed,
             "runs": config.runs if config.mode in SEEDED else None,
             "scenarios": sorted(config.scenarios), "kill_modes": list(config.kill_modes),
             "probes": sorted(config.probes), "limit": config.limit, "case_ids": list(config.case_ids),
             "target": config.target, "target_options": dict(getattr(config, "target_options", ())),
-            **({"store": store} if store != "sqlite" else {})}
+            **({"store": store} if store != "sqlite" else {}),
+            # A user's own tools (`--tools`), likewise only when given: other conversations, another plan.
+            **({"tools": config.tools} if getattr(config, "tools", None) else {})}
 
 
 def _digest(value: Any) -> str:

@@ -1,7 +1,10 @@
 """`pytest --hermes-chaos "ARGS"`: a chaos campaign as pytest items, for a CI that speaks pytest.
 
 ARGS are `hermes-supervisor chaos` options (--mode exhaustive|random|pause, --scenario, --probe,
---seed, --runs, --kill-mode, --faults, --limit, --case, --shard, --target, --campaign-id). Each
+--seed, --runs, --kill-mode, --faults, --limit, --case, --shard, --target, --campaign-id, and
+--tools MODULE: your own tools' scripts instead of the chaos tools', supervisor.chaos.own_tools; or
+your graph or agent, --target langgraph --target-option app=MODULE:build, --target openai-agents
+--target-option agent=MODULE:agent: its tools' scripts, supervisor.chaos.app_tools). Each
 case of the plan (the scenarios' fault-free runs first) becomes one item, named by its case id,
 so pytest-xdist spreads the cases over its workers (`-n 4`), `--junitxml` is pytest's own, `-k`
 picks cases, and a case that violates an invariant (or is not judged: never a pass) fails with
@@ -66,11 +69,18 @@ def campaign_config(text: str) -> tuple[Any, str | None]:
         if spread is not None:
             raise cli.UsageError(f"--target-option {spread}=all runs several campaigns: give one value")
         kill_modes = ("self", "external") if args.kill_mode == "both" else (args.kill_mode,)
-        config = CampaignConfig(scenarios=args.scenario or sorted(SCENARIOS), mode=args.mode, seed=args.seed,
+        # --tools MODULE, or the app the target's options name (app=, agent=): the scripts call the user's tools
+        own = cli._own_tools(args) or cli._app_tools(args, runs[0])
+        scenarios = args.scenario or sorted(SCENARIOS)
+        if own is not None:
+            from supervisor.chaos.own_tools import script_names
+
+            scenarios = script_names(own)
+        config = CampaignConfig(scenarios=scenarios, mode=args.mode, seed=args.seed,
                                 runs=args.runs, jobs=1, shard=args.shard, kill_modes=kill_modes,
                                 limit=args.limit, case_ids=tuple(args.case or ()), probes=tuple(args.probe or ()),
                                 forkserver=not args.no_forkserver, faults=args.faults, target=args.target,
-                                target_options=tuple(sorted(runs[0].items())), store=args.store)
+                                target_options=tuple(sorted(runs[0].items())), store=args.store, tools=args.tools)
         cli._check_runnable(config, None)
     except cli.UsageError as exc:
         raise pytest.UsageError(f"--hermes-chaos: {exc}") from None

@@ -3,9 +3,10 @@
 The file holds the minimal conversation (as JSON, ASCII-escaped so any content survives any
 editor), its kill schedule as a fault label, and the target with its options. Its test replays
 exactly that case against the target, real worker processes and real kills, and asserts that
-the invariant holds. It fails while the bug is there and passes once it is fixed; and it fails,
-saying so, when the kill it was written for no longer lands, since a replay that killed nothing
-tested nothing.
+the case was judged and the invariant holds. It fails while the bug is there and passes once it
+is fixed; and it fails, saying so, when the kill it was written for no longer lands, or when the
+checker could not judge the case (a verdict neither True nor False, or the invariant's own part
+unknown), since a replay that killed nothing, or that nothing judged, tested nothing.
 """
 from __future__ import annotations
 
@@ -43,6 +44,28 @@ def replay(conversation: Mapping[str, Any], fault: str | None, *, target: str = 
     return result
 
 
+def failure(result: CaseResult, invariant: str, fault: str | None) -> str | None:
+    """Why a replay fails its regression test, or None when it passes: its planned kills must all
+    have landed, the checker must have judged the case (a verdict of True or False: a harness
+    error or a lost ledger leaves it unknown, which tested nothing), and `invariant` itself must
+    have been judged and held."""
+    if fault is not None and (result.kills < 1 or result.no_kill):
+        return "the kill this regression was written for did not land: it no longer tests what it did"
+    if result.verdict.valid is not True and result.verdict.valid is not False:
+        why = ", ".join(result.verdict.reasons) or str(result.verdict.valid)
+        return f"the case was not judged ({why}): it tested nothing"
+    if any(v.invariant == invariant for v in result.verdict.violations):
+        return f"{invariant} does not hold"
+    if result.verdict.valid is True:
+        return None  # a case passes only when every invariant was judged and held
+    # Another invariant failed: this one must still have been judged on its own.
+    own = [p for p in result.verdict.parts if p.name == invariant]
+    if not own or own[0].valid is not True:
+        why = f"{own[0].valid}: {own[0].message}" if own else "it is not among the verdict's parts"
+        return f"{invariant} was not judged ({why})"
+    return None
+
+
 def describe(result: CaseResult) -> str:
     """What a failing replay says: each violation, and how the case ran."""
     lines = [f"{result.case.case_id}: {result.verdict.valid} ({result.kills} kill(s) landed)"]
@@ -57,11 +80,11 @@ _TEMPLATE = '''"""Regression: {invariant} on a minimal conversation.
 Shrunk by hermes-supervisor from case {origin}
 ({turns} turn(s), {calls} tool call(s), {kills} kill(s); target {target}).
 Replays the case against the target with its fixed kill schedule: it fails while the
-bug is there, and passes once it is fixed.
+bug is there, and passes once it is fixed (the case judged, every kill landed).
 """
 import json
 
-from supervisor.chaos.regression import describe, replay
+from supervisor.chaos.regression import describe, failure, replay
 
 INVARIANT = {invariant!r}
 FAULT = {fault!r}
@@ -77,11 +100,8 @@ CONVERSATION = json.loads(r"""
 def {function}():
     result = replay(CONVERSATION, FAULT, target=TARGET, target_options=TARGET_OPTIONS, faults=FAULTS,
                     synchronous=SYNCHRONOUS)
-    if FAULT is not None:
-        assert result.kills >= 1 and not result.no_kill, (
-            "the kill this regression was written for did not land: it no longer tests what it did\\n"
-            + describe(result))
-    assert not [v for v in result.verdict.violations if v.invariant == INVARIANT], describe(result)
+    why = failure(result, INVARIANT, FAULT)
+    assert why is None, why + "\\n" + describe(result)
 '''
 
 

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -24,16 +23,19 @@ import psutil
 
 from hermes.private_files import make_private_dirs, write_private
 from hermes.state import StorageError, open_snapshot
-from supervisor.chaos.checker import NO_KILL, UNFIRED, Durable, Verdict, check_case
+from supervisor.chaos.checker import Durable, check_case
 from supervisor.chaos.checker.deaths import NEMESIS, count_deaths, death_causes
+from supervisor.chaos.checker.kills import planned_kills
 from supervisor.chaos.conversation import is_generated, scenario_named
 from supervisor.chaos.generator import Case, case_file_stem
 from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_and_ask, summarize_rows
 from supervisor.chaos.nemesis import Fault
 from supervisor.chaos.nemesis.accounting import account
 from supervisor.chaos.nemesis.family import Nemesis, chosen
+from supervisor.chaos import own_tools
 from supervisor.chaos.observe import Observer
 from supervisor.chaos.pgstore import POSTGRES, CaseDatabase, Databases, create_database
+from supervisor.chaos.result import CaseResult
 from supervisor.chaos.scenarios import MODEL, SESSION, Scenario
 from supervisor.procs.pool import Pool, WorkerProcess
 from targetkit import registry
@@ -46,62 +48,6 @@ AGENT_HOME = "hermes-home"  # beside the database: where the case's agent keeps 
 PAUSE_SEEN_S = 5.0  # how long a SIGSTOPped worker may take to show as stopped
 WORKER_BUSY_BUDGET_S = 2.0
 WORKER_TIMEOUT_S = 20.0  # the worker's model request timeout
-
-
-@dataclass(slots=True)
-class CaseResult:
-    case: Case
-    verdict: Verdict
-    kills: int
-    restarts: int
-    seconds: float
-    # (turn, process, probe, n) of every probe hit, for enumerating further cases.
-    trace: list[tuple[int, int, str, int]] = field(default_factory=list)
-    fired: list[str] = field(default_factory=list)
-    reached: frozenset[str] = frozenset()  # probe names this case hit (kept when the trace is dropped)
-    flags: tuple[str, ...] = ()  # campaign options the case depends on (target, faults), for its repro
-    span_ms: int = 0  # how long the case's first worker lived (a baseline's span aims timer kills)
-    reaimed: bool = False  # an aimed timer that missed once and was aimed again at this run's own span
-    # Every other death of a worker, by cause (supervisor.chaos.checker.deaths): never counted in `kills`.
-    other_deaths: dict[str, int] = field(default_factory=dict)
-    # Per requested fault family: planned, landed, skipped, why_skipped (supervisor.chaos.nemesis.accounting).
-    faults: dict[str, dict[str, Any]] = field(default_factory=dict)
-    directory: str = ""  # the run's directory, relative to the campaign's working directory
-    # Every run of the case, first to last, when it ran more than once (a timer that missed is aimed
-    # again: see campaign.runs_result); a case that ran once is its own single run (`to_json`).
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    synchronous: str = "FULL"  # the durability level of the case's session database
-    # Its power cuts (--faults power-loss), counted: see `power_counts`.
-    power: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def no_kill(self) -> bool:
-        """The case planned a fault that did not land (or never fired): it tested nothing."""
-        return bool({NO_KILL, UNFIRED} & set(self.verdict.reasons))
-
-    def repro(self) -> str:
-        return " ".join((self.case.repro(), *self.flags))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"case": self.case.case_id, "scenario": self.case.scenario,
-                "fault": self.case.fault.label() if self.case.fault else None,
-                "verdict": self.verdict.to_json(), "kills": self.kills, "other_deaths": self.other_deaths,
-                "no_kill": self.no_kill, "reaimed": self.reaimed, "faults": self.faults,
-                "restarts": self.restarts, "seconds": round(self.seconds, 3), "fired": self.fired,
-                "synchronous": self.synchronous, "power": self.power, "repro": self.repro(),
-                "runs": self.runs or [self.run_record(1)]}
-
-    def run_record(self, index: int) -> dict[str, Any]:
-        """This result as run `index` of its case (1 is the first): what the report keeps of every run.
-        Its verdict is brief: the case's verdict holds every run's violations in full, each naming its run."""
-        fault, verdict = self.case.fault, self.verdict
-        brief = {"valid": verdict.valid, "violations": [v.invariant for v in verdict.violations],
-                 **({"reasons": list(verdict.reasons), "message": verdict.message} if verdict.valid not in (True, False)
-                    else {})}
-        return {"run": index, "directory": self.directory, "delay_ms": fault.delay_ms if fault else None,
-                "verdict": brief, "kills": self.kills, "other_deaths": self.other_deaths,
-                "no_kill": self.no_kill, "faults": self.faults, "restarts": self.restarts,
-                "seconds": round(self.seconds, 3), "fired": self.fired, "power": self.power, "repro": self.repro()}
 
 
 def _claim_dir(root: Path, stem: str) -> Path:
@@ -254,6 +200,7 @@ class CaseRunner:
             flags.append(f"--synchronous {self.config.synchronous}")
         if self.config.store == POSTGRES:
             flags.append("--store postgres")
+        flags += own_tools.repro_flags(self.config)
         return tuple(flags)
 
     # ---------------------------------------------------------------- running
@@ -273,7 +220,7 @@ class CaseRunner:
         where = ["--store", self.pg.url] if self.pg is not None else ["--db", str(db)]
         args = [command, *where, "--session", SESSION, "--base-url", url, "--model", MODEL,
                 "--ledger", str(ledger), "--timeout", str(timeout), "--busy-budget", str(busy_budget),
-                *self.scenario.extra_args(command)]
+                *self.scenario.extra_args(command), *own_tools.worker_args(self.config)]
         if self.config.synchronous != "FULL":
             args += ["--synchronous", self.config.synchronous]
         if self.target.name != registry.DEFAULT:
@@ -295,7 +242,7 @@ class CaseRunner:
         inc = self._incarnations
         self._where[inc] = (turn_index, process)
         proc = self.pool.spawn(args, incarnation=inc, on_message=self._on_message, on_log=self.on_log,
-                               label=self.case.case_id)
+                               label=self.case.case_id, cwd=self.dir)  # the tools' relative paths are the case's
         self._running.add(inc)
         self._procs[inc] = proc
         self.history.record("spawn", incarnation=inc, pid=proc.pid, create_time=proc.create_time, command=command,
@@ -517,7 +464,8 @@ class CaseRunner:
         return CaseResult(self.case, verdict, kills, restarts, time.monotonic() - started, trace, fired,
                           frozenset(sys.intern(name) for (_t, _p, name, _n) in trace), self._repro_flags(),
                           _first_span_ms(events), other_deaths=other_deaths, faults=faults,
-                          directory=self.dir.name, synchronous=self.config.synchronous, power=power_counts(events))
+                          directory=self.dir.name, synchronous=self.config.synchronous, power=power_counts(events),
+                          planned_kills=[k.to_json() for k in planned_kills(events, self.case.fault)])
 
     def _run_turn(self, turn_index: int) -> int:
         """Run one turn until it ends or the restarts run out; returns how many of its workers were killed."""

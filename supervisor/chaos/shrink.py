@@ -137,10 +137,16 @@ class Shrinker:
 
         config = self.runs.config
         excluded = tuple(sorted(registry.get(config.target).unsupported))
+        talk = None
+        if config.tools:  # a user's own tools: the draw replayed is theirs (supervisor.chaos.own_tools)
+            from supervisor.chaos import own_draws
+            from supervisor.chaos.own_tools import prepare
+
+            talk = own_draws.conversations(prepare(config.tools, "generated").usable, excluded)
 
         @seed(explore.case_seed(config.seed, self.index))
         @explore.hypothesis_settings(phases=(Phase.generate, Phase.shrink))
-        @given(explore.drawn(excluded, config.kill_modes))
+        @given(explore.drawn(excluded, config.kill_modes, talk))
         def still_fails(drawn: explore.Drawn) -> None:
             if self._fails(drawn):
                 raise AssertionError(f"{self.invariant} still fails")
@@ -211,7 +217,7 @@ def config_of(report: dict[str, Any], jobs: int = 1) -> CampaignConfig:
                           kill_modes=tuple(opts.get("kill_modes") or ("self",)), faults=tuple(campaign.get("faults") or ()),
                           target=opts.get("target") or registry.DEFAULT,
                           target_options=tuple(sorted((opts.get("target_options") or {}).items())),
-                          synchronous=synchronous, store=opts.get("store") or "sqlite")
+                          synchronous=synchronous, store=opts.get("store") or "sqlite", tools=opts.get("tools"))
 
 
 def failing_cases(report: dict[str, Any]) -> dict[str, tuple[str, int]]:
@@ -260,6 +266,9 @@ def shrink_into_report(directory: Path, wanted: list[tuple[str, str]], *, regres
 
     report = load_report(directory)
     config = config_of(report)
+    if config.tools and regression_out is not None:
+        raise ShrinkError(f"regression tests are not written for a campaign over your own tools (--tools "
+                          f"{config.tools}) yet: shrink without --regression-out")
     done = []
     runs = Runs(config)
     try:

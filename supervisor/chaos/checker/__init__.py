@@ -30,6 +30,7 @@ from typing import Any
 from supervisor.chaos.checker.effects import CHAOS_TOOLS, KEYED_WRITES, effect_semantics, result_fidelity
 from supervisor.chaos.checker.evidence import as_durable, load_applied, load_executions, of_type
 from supervisor.chaos.checker.liveness import coverage, fails_closed, turn_liveness
+from supervisor.chaos.checker.own_results import load_own
 from supervisor.chaos.checker.powercut import power_cut_durability
 from supervisor.chaos.checker.promises import label_promises
 from supervisor.chaos.checker.recovery import consume_once, recovery_determinism, twin_transcript
@@ -101,14 +102,17 @@ def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[d
     ledger = executions if not isinstance(executions, str) else ledger_path
     applied = load_applied(ledger_path)  # and its applied keyed writes (a path: the reason is found again)
     applied_writes = applied if not isinstance(applied, str) else ledger_path
+    own = load_own(ledger_path)  # what a user's own tools returned, run by run, and how each is declared
+    read_only = own.read_only if not isinstance(own, str) else set()
     verdicts = [
         durable_before_visible(events, promises),
         durable_before_effect(events, promises),
         no_lost_rows(d, events),
         no_duplicate_rows(d),
         well_formed(d),
-        effect_semantics(d, ledger, events, applied=applied_writes, promises=promises),
-        result_fidelity(d, events, expect),
+        effect_semantics(d, ledger, events, applied=applied_writes, promises=promises, read_only=read_only,
+                         ledgered_tools=CHAOS_TOOLS | set(own.declared if not isinstance(own, str) else ())),
+        result_fidelity(d, events, expect, own=own),
         stream_honesty(events, promises),
         turn_liveness(d, events, expect),
         answer_once(d),

@@ -5,7 +5,10 @@ worker that dies for some other reason can never stand in for a kill that did no
 
     nemesis      the kill planned for that worker: it reported the planned probe hit as its last
                  word and died of SIGKILL (mode self: it killed itself there; mode external: the
-                 supervisor killed it while it waited), or the supervisor's planned timer killed it
+                 supervisor killed it while it waited), or the supervisor's planned timer killed it;
+                 and no other kill of it was recorded after the nemesis's (a worker that announced
+                 its kill, then hung until the supervisor killed it for taking too long, died of
+                 the timeout)
     self         SIGKILL while it ran a tool, with no kill announced (a tool that restarts its own
                  worker: the last thing the worker reported was that tool's effect)
     timeout      the supervisor killed it for taking too long
@@ -36,7 +39,7 @@ _REPORTS = frozenset({"hello", "probe", "ui", "effect", "outcome"})
 def death_causes(events: Sequence[dict[str, Any]]) -> dict[int, str]:
     """incarnation -> why that worker died, for every worker of the case that died of a signal."""
     announced: dict[int, int] = {}     # incarnation -> index of the probe hit that announced its kill
-    kills: dict[int, str] = {}         # incarnation -> who the supervisor recorded killing it
+    kills: dict[int, str] = {}         # incarnation -> who the supervisor last recorded killing it
     last_report: dict[int, dict[str, Any]] = {}
     lived_on: set[int] = set()
     dead: dict[int, int] = {}          # incarnation -> signal
@@ -51,7 +54,10 @@ def death_causes(events: Sequence[dict[str, Any]]) -> dict[int, str]:
             if kind == "probe" and event.get("kill") is True and event.get("mode") != "pause":
                 announced.setdefault(inc, index)
         elif kind == "kill":
-            kills.setdefault(inc, str(event.get("by")))
+            # The last kill recorded is the one the worker died of: a worker that announced its
+            # own kill (recorded as the nemesis's when announced) and then hung until the
+            # supervisor's timeout killed it was killed by the timeout, not by the nemesis.
+            kills[inc] = str(event.get("by"))
         elif kind in ("exit", "twin_run") and event.get("signal") is not None:
             dead[inc] = int(event["signal"])
             if kind == "twin_run" and event.get("last_report"):  # a twin's reports are not in the history

@@ -27,6 +27,7 @@ from supervisor.chaos.checker.evidence import (
     turn_brief,
     unreadable,
 )
+from supervisor.chaos.checker.own_results import OwnRecords
 from supervisor.chaos.checker.verdict import (
     CONTRACT,
     DAMAGE,
@@ -107,12 +108,14 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
                      ledgered_tools: Collection[str] = CHAOS_TOOLS,
                      keyed_writes: Collection[str] = KEYED_WRITES,
                      applied: Path | Sequence[dict[str, Any]] | None = None,
-                     promises: Promises = FULL_PROMISES) -> Verdict:
+                     promises: Promises = FULL_PROMISES, read_only: Collection[str] = ()) -> Verdict:
     """Tool effects, as counted by the effects ledger, match what the transcript claims.
 
     Per tool call (session, turn, tool_call_id):
     * an `at_most_once` call executed at most once;
-    * an `idempotent` call executed more than once only under one single idempotency key;
+    * an `idempotent` call executed more than once only under one single idempotency key, unless
+      its tool is one of `read_only` (a user's tool declared idempotent and parallel-safe: it has
+      no effect, so it may rerun freely);
     * no call executed more often than it was durably dispatched (one intent per dispatch);
     * a result claiming success for a ledger-recording tool has an execution behind it
       (so an at_most_once success has exactly one); an error result may have none (the
@@ -163,7 +166,7 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
         if AT_MOST_ONCE in policies and len(done) > 1:
             flag(f"at_most_once tool {tool} executed {len(done)} times for call {key[2]}", key, rule=RERUN)
         keys = {e["idempotency_key"] for e in done}
-        if IDEMPOTENT in policies and len(done) > 1 and len(keys) > 1:
+        if IDEMPOTENT in policies and len(done) > 1 and len(keys) > 1 and tool not in read_only:
             flag(f"idempotent tool {tool} reran for call {key[2]} under {len(keys)} different idempotency keys",
                  key, rule=RERUN, idempotency_keys=sorted(map(str, keys)))
         if len(done) > len(intents.get(key, [])):
@@ -324,7 +327,8 @@ def _spilled_text(spilled: tuple[str, int, Path], db_path: Path) -> tuple[str, s
 
 
 def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expectation | None = None, *,
-                    oracle: Callable[[str, Any], frozenset[str] | None] = clean_results) -> Verdict:
+                    oracle: Callable[[str, Any], frozenset[str] | None] = clean_results,
+                    own: OwnRecords | str | None = None) -> Verdict:
     """Every durable result says what really happened, and every completed answer is the script's.
 
     Each original tool row equals, character for character, a result its tool returns for
@@ -343,7 +347,10 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
     in the database's directory tree, hold the whole text, and begin with the preview).
     A harness or runtime error disguised as a tool result (a lost ledger write, a tool that
     crashed on the harness's own bug) fails here with the row and the clean results as witness.
-    Results of tools the oracle does not know are counted, not judged. When
+    A user's own tool, run through the ledger (`own`: supervisor.chaos.checker.own_results), has
+    no such oracle: its result must be, character for character, what one of that call's runs
+    returned as the ledger recorded it (none recorded: no clean result is possible).
+    Results of other tools the oracle does not know are counted, not judged. When
     `expect.final_answers` names a text for a turn's position (turns ordered by creation), the
     completed turn's answer is exactly that text.
     """
@@ -366,6 +373,10 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
         name, arguments = requested.get(key, (row.get("name"), None))
         judgeable = name is not None and key in requested and isinstance(arguments, dict)
         expected = oracle(name, arguments) if judgeable else None
+        recorded = expected is None and judgeable and isinstance(own, OwnRecords) and name in own.declared
+        if recorded:
+            assert isinstance(own, OwnRecords)
+            expected = frozenset(own.returned.get(key, ()))
         witness = {"row_id": row["id"], "row": brief(row), "tool": name, "arguments": arguments}
         if content == UNKNOWN_OUTCOME:
             why = _unknown_refused(intents.get(key, []), interrupted, key[:2] in cut_off)
@@ -396,8 +407,9 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
                                                              f"file that {problem}", dict(witness, file=str(spilled[2]))))
                 continue
         if content not in expected:
-            violations.append(Violation(RESULT_FIDELITY, f"the result of {name} call {key[2]} is not what {name} "
-                                                         "returns for these arguments", dict(
+            said = ("what any run of it returned, as the effects ledger recorded" if recorded
+                    else f"what {name} returns for these arguments")
+            violations.append(Violation(RESULT_FIDELITY, f"the result of {name} call {key[2]} is not {said}", dict(
                 witness, content=content if not isinstance(content, str) else content[:QUOTE],
                 clean_results=sorted(expected))))
     expected_answers = expect.final_answers if expect is not None else ()

@@ -8,17 +8,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Sequence
 
-from supervisor.chaos.checker.deaths import NEMESIS, count_deaths, death_causes
+from supervisor.chaos.checker.deaths import count_deaths
 from supervisor.chaos.checker.evidence import DB, as_durable, of_type, turn_brief, unreadable
+from supervisor.chaos.checker.kills import planned_kills
 from supervisor.chaos.checker.verdict import (
     COVERAGE,
     FAILS_CLOSED,
-    NO_KILL,
     TURN_LIVENESS,
     UNFIRED,
+    UNKNOWN,
     Verdict,
     Violation,
-    unknown_verdict,
     verdict_of,
 )
 from supervisor.chaos.nemesis import Fault
@@ -106,52 +106,29 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
 
 
 def coverage(events: Sequence[dict[str, Any]], planned: Fault | None) -> Verdict:
-    """Every fault planned for the case landed.
+    """Every fault planned for the case landed, each on the worker it was aimed at.
 
-    A probe kill landed when the n-th hit of its probe was reported with `kill` True as the
-    worker's last word and that worker was reaped dead of SIGKILL; a timer kill when the
-    supervisor's timer sent SIGKILL and the worker it aimed at was reaped dead of it (both:
-    cause "nemesis" in supervisor.chaos.checker.deaths, so a worker that lived on past its
-    planned probe and died later, of a tool that kills its own worker say, is no landed kill);
-    a pause when the worker was seen stopped while another took its session over. A probe
-    never reached is unknown ("unfired"); a fault that fired or was aimed but stopped nothing
-    is unknown ("no-kill"). Neither is ever a pass.
+    Each fault of the plan's chain is judged by the history of the worker started for its own
+    (turn, process) alone (supervisor.chaos.checker.kills): a probe kill landed when that worker
+    reported the n-th hit of its probe with `kill` True as its last word and was reaped dead of
+    the nemesis's SIGKILL; a timer kill when the supervisor's timer killed that worker; a pause
+    when that worker was seen stopped while another took its session over (cause "nemesis" in
+    supervisor.chaos.checker.deaths, so a worker that lived on past its planned probe, or hung
+    until the timeout killed it, is no landed kill). A fault whose worker never started or never
+    reached its point is unknown ("unfired"); one that fired or was aimed but stopped nothing is
+    unknown ("no-kill"). A chain with any fault not landed is never a pass.
     """
     probes_hit = of_type(events, "probe")
-    causes = death_causes(events)
     landed_kills, other_deaths = count_deaths(events)
+    kills = planned_kills(events, planned)
     counts = {"probe_hits": len(probes_hit), "kills": landed_kills,
-              **{f"other_deaths_{cause}": n for cause, n in other_deaths.items()}}
-    fault = planned
-    while fault is not None:
-        if fault.kind == "timer":
-            aimed = [e for e in of_type(events, "kill") if e.get("by") == "timer"]
-            if not any(causes.get(e.get("incarnation")) == NEMESIS for e in aimed):
-                return unknown_verdict(COVERAGE, f"no-kill: the timer kill {fault.label()} landed on no live worker "
-                                                 "(it had exited before the timer fired)", NO_KILL, counts)
-        else:
-            fired = [e for e in probes_hit if e.get("kill") is True and e.get("name") == fault.probe
-                     and str(e.get("n")) == str(fault.n)]  # n may have crossed JSON as a string
-            if not fired:
-                hits = [e for e in probes_hit if e.get("name") == fault.probe]
-                counts["planned_probe_hits"] = len(hits)
-                return unknown_verdict(COVERAGE, f"planned kill never fired: {fault.point} (that probe was hit "
-                                                 f"{len(hits)} time(s))", UNFIRED, counts)
-            incarnations = {e.get("incarnation") for e in fired}
-            if fault.kind == "pause":
-                landed = any(e.get("stopped") is True and e.get("incarnation") in incarnations
-                             for e in of_type(events, "pause"))
-            else:
-                landed = any(causes.get(inc) == NEMESIS for inc in incarnations)
-            if not landed:
-                what = "was never seen stopped" if fault.kind == "pause" else \
-                    f"did not die of it ({_died_how(incarnations, causes)})"
-                return unknown_verdict(COVERAGE, f"no-kill: {fault.point} fired, but the worker {what}", NO_KILL,
-                                       counts)
-        fault = fault.then
+              **{f"other_deaths_{cause}": n for cause, n in other_deaths.items()},
+              "kills_planned": len(kills), "kills_planned_landed": sum(k.landed for k in kills)}
+    missed = [k for k in kills if not k.landed]
+    unfired = [k for k in missed if k.reason == UNFIRED and k.fault.probe]
+    if unfired:  # how far the first kill that never fired got: its worker's hits of its probe
+        counts["planned_probe_hits"] = unfired[0].hits
+    if missed:
+        return Verdict(UNKNOWN, [], counts, COVERAGE, message="; ".join(k.message for k in missed),
+                       reasons=tuple(dict.fromkeys(str(k.reason) for k in missed)))
     return Verdict(True, [], counts, COVERAGE)
-
-
-def _died_how(incarnations: set[Any], causes: dict[int, str]) -> str:
-    how = sorted({causes[inc] for inc in incarnations if inc in causes})
-    return f"it died of: {', '.join(how)}" if how else "it did not die of a signal"

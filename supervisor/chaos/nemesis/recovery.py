@@ -99,7 +99,7 @@ class TwinRecovery(Nemesis):
                 proc.send({"type": "ack", "seq": msg["seq"]})
 
         proc = case.pool.spawn(args, incarnation=case.next_incarnation(), on_message=ack_and_remember,
-                               on_log=case.on_log, label=f"{case.case.case_id} {name}")
+                               on_log=case.on_log, label=f"{case.case.case_id} {name}", cwd=twin)
         timed_out = not proc.wait(case.config.process_timeout)
         if timed_out:
             proc.kill("timeout")

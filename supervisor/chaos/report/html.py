@@ -263,7 +263,7 @@ def _coverage(section: Mapping[str, Any]) -> str:
     head = "".join(f'<th scope="col" class="point" title="{_h(p)}"><span>{_h(p)}</span></th>' for p in columns)
     lines = [f'<p class="hint">{_h(section.get("pairs_reached", 0))} of {_h(section.get("pairs_possible", 0))} '
              "(feature, kill point) pairs reached by a landed kill. A cell counts the cases that exercised the "
-             "feature and whose landed kill hit the point.</p>",
+             "feature and whose landed kill hit the point after the feature had happened.</p>",
              '<div class="matrix-wrap"><table class="matrix coverage" id="coverage-matrix"><thead><tr>'
              f'<th scope="col">feature</th><th scope="col">cases</th><th scope="col">killed</th>{head}</tr></thead>'
              "<tbody>"]

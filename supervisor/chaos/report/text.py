@@ -234,7 +234,7 @@ def _coverage_markdown(section: Mapping[str, Any]) -> list[str]:
     unsupported = section.get("unsupported") or {}
     lines = ["## Coverage", "",
              f"{section.get('pairs_reached', 0)} of {section.get('pairs_possible', 0)} (feature, kill point) pairs "
-             "reached by a landed kill.", "",
+             "reached by a landed kill after the feature had happened.", "",
              "| feature | description | cases | killed | kill points reached |", "| --- | --- | --- | --- | --- |"]
     for feature, row in (section.get("features") or {}).items():
         head = f"| {md_code(feature)} | {md_text(descriptions.get(feature, ''))} |"
