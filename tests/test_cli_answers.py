@@ -72,10 +72,8 @@ def test_check_says_its_verdict_in_one_line_and_all_of_it_with_json(tmp_path: Pa
 
 def test_no_message_offers_an_install_line_that_cannot_work() -> None:
     """The package is on no index: `pip install 'hermes-supervisor[EXTRA]'` fails wherever it is
-    printed. Left for now: the LangGraph schema reader, under supervisor/chaos/, which is being
-    reworked elsewhere."""
-    elsewhere = {Path("supervisor/chaos/schema/langgraph.py"),
-                 Path("hermes/extras.py")}  # the last one says why the line cannot work
+    printed."""
+    elsewhere = {Path("hermes/extras.py")}  # it says why the line cannot work
     found = [str(path.relative_to(REPO)) for package in ("hermes", "supervisor", "worker", "targetkit", "bench")
              for path in sorted((REPO / package).rglob("*.py"))
              if path.relative_to(REPO) not in elsewhere

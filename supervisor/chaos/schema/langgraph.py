@@ -42,6 +42,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from hermes.extras import install_line
 from targetkit.schema import Stored, TurnRow
 from worker.targets.langgraph import TURN_KEY  # where the worker keeps a turn's id (imports no LangGraph)
 
@@ -49,7 +50,7 @@ ROLES = {"human": "user", "ai": "assistant", "tool": "tool", "system": "system"}
 CHECKPOINT_COLUMNS = {"thread_id", "checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "type", "checkpoint",
                       "metadata"}
 WRITES_COLUMNS = {"thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx", "channel", "type", "value"}
-INSTALL_HINT = "reading a LangGraph checkpoint database needs LangGraph: pip install 'hermes-supervisor[langgraph]'"
+INSTALL_HINT = f"reading a LangGraph checkpoint database needs LangGraph: {install_line('langgraph')}"
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
