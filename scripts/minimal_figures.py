@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The README's list of distinct upstream defects: one minimal failing case per invariant.
+"""The README's list of distinct upstream defects: one minimal failing case per invariant, each
+either shown by a standalone script under examples/repro/ (the store's `reproduced_by`) or set
+aside as this harness's own, with the reason (`set_aside`).
 
     python scripts/minimal_figures.py --store [--python PY] [--runs 60] [--seed 1] [--budget 150]
         run `hermes-supervisor chaos --target hermes-agent --mode generated --shrink` (with PY, an
@@ -64,12 +66,18 @@ def _call(call: list[Any]) -> str:
 
 
 def render(store: dict[str, Any]) -> str:
+    """The table of the cases still published, each with the standalone script that shows it, then
+    the cases set aside, each with the reason (a case is one or the other: `check_store`)."""
+    check_store(store)
+    kept = [case for case in store["shrunk"] if case["invariant"] not in store["set_aside"]]
     lines = [BEGIN, "",
              f"`{store['command']}` ({store['date']}, {store['cases']} cases) found {len(store['shrunk'])} invariants "
-             f"broken by upstream hermes-agent; each shrunk to the smallest conversation and kills that still break "
-             "it (`--regression-out DIR` writes each as a pytest file):", "",
-             "| invariant | class | turns | calls | kills | the minimal case |", "| --- | --- | --- | --- | --- | --- |"]
-    for case in store["shrunk"]:
+             f"broken by upstream hermes-agent, each shrunk to the smallest conversation and kills that still break "
+             f"it (`--regression-out DIR` writes each as a pytest file). {len(kept)} stand, each shown without this "
+             "harness by the script named:", "",
+             "| invariant | class | turns | calls | kills | the minimal case | standalone script |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for case in kept:
         rounds = "; ".join(f"turn {i} {json.dumps(message, ensure_ascii=False)}: "
                            + (" / ".join(", ".join(step) for step in turn) or "no tools")
                            + f", answer {json.dumps(answer, ensure_ascii=False)}"
@@ -77,9 +85,29 @@ def render(store: dict[str, Any]) -> str:
                                                                            case["answers"])))
         kill = f", killed at `{case['fault']}`" if case["fault"] else ", no kill"
         stream = " (streamed)" if case["stream"] else ""
+        script = f"examples/repro/{store['reproduced_by'][case['invariant']]}"
         lines.append(f"| `{case['invariant']}` | {case['class'] or '-'} | {case['turns']} | {case['calls']} | "
-                     f"{case['kills']} | {rounds}{stream}{kill}: {case['message'].replace('|', '/')} |")
+                     f"{case['kills']} | {rounds}{stream}{kill}: {case['message'].replace('|', '/')} | "
+                     f"[`{script}`]({script}) |")
+    aside = [case for case in store["shrunk"] if case["invariant"] in store["set_aside"]]
+    if aside:
+        lines += ["", f"Set aside, as this harness's and not upstream's ({len(aside)}):", ""]
+        lines += [f"- `{case['invariant']}` ({case['class'] or '-'}: {case['message'].replace('|', '/')}): "
+                  f"{store['set_aside'][case['invariant']]}" for case in aside]
     return "\n".join([*lines, "", END])
+
+
+def check_store(store: dict[str, Any]) -> None:
+    """Every shrunk case is either shown by a script under examples/repro/ or set aside with its reason."""
+    for case in store["shrunk"]:
+        invariant = case["invariant"]
+        script = (store.get("reproduced_by") or {}).get(invariant)
+        aside = (store.get("set_aside") or {}).get(invariant)
+        if (script is None) == (aside is None):
+            raise ValueError(f"{invariant}: needs exactly one of a standalone script (reproduced_by) or a reason "
+                             "it is set aside (set_aside)")
+        if script is not None and not (REPO / "examples" / "repro" / script).is_file():
+            raise ValueError(f"{invariant}: no script examples/repro/{script}")
 
 
 def rewrite(text: str, block: str) -> str:
@@ -110,7 +138,12 @@ def main() -> int:
         report = json.loads((directory / "report.json").read_text(encoding="utf-8"))
         opts = report["campaign"]["options"]
         argv = command(opts["runs"], opts["seed"], args.budget)
-        STORE.write_text(json.dumps(condense(report, argv), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        condensed = condense(report, argv)
+        if STORE.exists():  # what was decided per invariant (a script, or why set aside) stays decided
+            previous = json.loads(STORE.read_text(encoding="utf-8"))
+            condensed["reproduced_by"] = previous.get("reproduced_by", {})
+            condensed["set_aside"] = previous.get("set_aside", {})
+        STORE.write_text(json.dumps(condensed, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     store = json.loads(STORE.read_text(encoding="utf-8"))
     page = PAGE.read_text(encoding="utf-8")
     wanted = rewrite(page, render(store))

@@ -66,9 +66,10 @@ ROWS = (
         "keeps its whole contract: no kill in this campaign breaks any rule of it, and every rule is its own "
         "promise."),
     Row("hermes-agent", "hermes-agent", (), "hermes-agent", "upstream hermes-agent",
-        "loses no stored row, but a kill leaves its turn with repeated rows, malformed tool-call blocks or an "
-        "at-most-once tool run twice, none of which its docs rule out; it also runs tools with no dispatch intent "
-        "and shows results before it stores them."),
+        "loses no stored row, but a kill right after a tool completed loses the result it had already shown, "
+        "and nothing durable says a tool was started; it also shows results before it stores them. Its damage "
+        "counts below were measured when this campaign resumed a killed turn by sending its question again, "
+        "which upstream never does: they are not published as upstream's (see Published findings)."),
     Row("langgraph-exit", "langgraph", ("--durability", "exit"), "langgraph", "LangGraph, durability exit",
         "keeps what it documents and no more: nothing is saved until the run ends, so a killed run is done again "
         "from its input, tools included."),

@@ -46,3 +46,22 @@ def test_a_changed_store_changes_the_block() -> None:
     store["shrunk"][0]["calls"] += 1
     page = figures.PAGE.read_text(encoding="utf-8")
     assert figures.rewrite(page, figures.render(store)) != page
+
+
+def test_every_case_is_shown_by_a_script_or_set_aside_with_its_reason() -> None:
+    store = json.loads(figures.STORE.read_text(encoding="utf-8"))
+    figures.check_store(store)  # raises on a case with neither, or both, or a missing script
+    for case in store["shrunk"]:
+        script = store["reproduced_by"].get(case["invariant"])
+        block = figures.render(store)
+        if script is None:
+            assert f"- `{case['invariant']}` (" in block  # listed with its reason, not in the table
+        else:
+            assert f"[`examples/repro/{script}`]" in block
+    broken = json.loads(figures.STORE.read_text(encoding="utf-8"))
+    broken["set_aside"].pop(next(iter(broken["set_aside"])))
+    try:
+        figures.check_store(broken)
+    except ValueError:
+        return
+    raise AssertionError("a case neither shown nor set aside was accepted")

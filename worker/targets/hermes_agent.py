@@ -55,10 +55,13 @@ with a description made by its vision tool, an auxiliary model call the scripted
 answers. So a list of text parts is passed through, and one holding an image is refused at start
 (`content_parts_refusal`).
 
-Resume: upstream has no automatic recovery of an interrupted turn. What a restarted
-upstream agent does is load the session's stored conversation and take the message
-again; so `resume` here loads the durable conversation and, when the last user turn
-has no final answer, re-sends that turn's user text with the stored history.
+Resume: `resume` here loads the durable conversation and, when the last user turn has no
+final answer, re-sends that turn's user text with the stored history. That is the caller's
+behaviour, not upstream's: upstream's own recovery (its gateway after a restart) replays the
+stored history, cleaned of an unanswered tool-call tail, with a recovery note, and never sends
+the question again. What the re-send causes (a question stored twice, a call row repeated when
+the scripted model repeats its ids) is therefore not published as upstream's; the published
+findings are shown by standalone scripts (examples/repro/hermes_agent/).
 """
 from __future__ import annotations
 
@@ -74,6 +77,7 @@ from typing import Any, Callable
 
 from hermes import probes
 from hermes.content import UserContent, has_images
+from hermes.extras import install_line
 from hermes.private_files import create_private_file, make_private_dirs
 from hermes.tools import ToolContext, registry
 from hermes.transcript import is_final_answer
@@ -97,7 +101,7 @@ CLAIMS_DOC = (f"{_DOCS}/user-guide/sessions and /developer-guide/session-storage
 # and streams without ever retracting: findings there are CONTRACT, not DAMAGE. Its template
 # imports upstream against a neutral home; each worker then sets its own (`preload`, `prepare_home`).
 TARGET = Target(
-    NAME, "upstream hermes-agent (pip install 'hermes-supervisor[upstream]')", adapter=__name__,
+    NAME, "upstream hermes-agent (the `upstream` extra)", adapter=__name__,
     schema="supervisor.chaos.schema.hermes_agent",
     promises=Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False,
                       promised={("no-lost-rows", ANY): SESSIONS_DOC}, claims=CLAIMS_DOC),
@@ -108,8 +112,8 @@ TARGET = Target(
                  "compaction-mid-turn": "upstream compacts by its token estimate, never below 64,000 tokens"},
     forkserver=True, preload=(f"{__name__}:preload",), modules=("run_agent", "hermes_state"),
     extra="upstream", package=f"{NAME}=={VERSION}",
-    install_hint=(f"the {NAME} target needs upstream Hermes: pip install 'hermes-supervisor[upstream]' "
-                  f"(installs {NAME}=={VERSION}), or pip install {NAME}=={VERSION} next to this project"))
+    install_hint=(f"the {NAME} target needs upstream Hermes ({NAME}=={VERSION}, the `upstream` extra): "
+                  f"{install_line('upstream')}"))
 
 
 def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:
@@ -481,7 +485,8 @@ class UpstreamTarget:
         return self._run(self.args.message, history, wanted)
 
     def resume(self) -> dict[str, Any]:
-        """The recovery step upstream lacks: reload the stored history, take the interrupted message again."""
+        """Reload the stored history and take the interrupted message again (the caller's re-send, not
+        upstream's own recovery: see the module docstring)."""
         session = self.args.session
         probes.fire("resume.begin", session=session)
         history = self._conversation()

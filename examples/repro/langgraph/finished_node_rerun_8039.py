@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""LangGraph, durability="sync": a kill inside the next checkpoint's save, after a tools node
+finished, can make the resumed thread run that node's tool again (langgraph issue #8039).
+
+Standalone: LangGraph's public API (StateGraph, ToolNode, SqliteSaver from
+langgraph-checkpoint-sqlite, subclassed to place the crash; langchain-core's message and tool
+types), the standard library and a loopback model server of a few lines. No network.
+
+Each run, in a fresh child process (its own session), compiles an agent node and a ToolNode over
+MessagesState with a SqliteSaver and invokes it with durability="sync". The model (the loopback
+server) asks for `append_note`; the tool appends one line (its call id) to an effects file and
+returns. When the tools node has finished, LangGraph hands its writes (`put_writes`) and the next
+step's checkpoint (`put`) to its background executor, and nothing orders the two; the child
+SIGKILLs itself when `put` starts. The parent resumes the thread as LangGraph documents
+(`graph.stream(None, config)` in a fresh process) and counts the runs of that call: twice means
+the finished node ran again.
+
+LangGraph's persistence page says a node that completed keeps its writes, so a resume does not
+run it again. Whether the writes were saved before the kill is a race between the two saves.
+By default (`--order held`) the saver subclass holds the tools task's writes until `put` begins,
+as a slow write would, so every run shows the window; `--order natural` leaves the race to the
+executor, where it is rare. The script runs up to --runs times and stops at the first rerun.
+
+Exit 1: some run ran the finished tool again. Exit 0: none did. Exit 2: a run went wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.request
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Annotated, Any
+
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import InjectedToolCallId, tool
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+THREAD = "t1"
+TIMEOUT = 300  # seconds a child may take before it is killed as hung
+HOLD_GUARD = 60  # seconds held writes wait at most (see CrashingSaver.put_writes)
+
+
+# ------------------------------------------------------------- loopback model
+def start_model() -> ThreadingHTTPServer:
+    """An OpenAI-style chat endpoint: ask for append_note (a fresh call id each time) until a
+    tool result is in the conversation, then answer."""
+
+    class Model(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if body["messages"][-1]["role"] == "tool":
+                message = {"role": "assistant", "content": "noted"}
+            else:
+                message = {"role": "assistant", "content": None, "tool_calls": [{
+                    "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                    "function": {"name": "append_note", "arguments": json.dumps({"text": "hello"})}}]}
+            out = json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Model)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+# --------------------------------------------------------------- the graph
+def build_graph(model_url: str, effects: Path, crash_in_put: bool, conn: sqlite3.Connection,
+                hold_writes: bool = False) -> Any:
+    put_started = threading.Event()
+
+    class CrashingSaver(SqliteSaver):
+        """SqliteSaver, killed at the start of the first checkpoint save after the tool ran; with
+        hold_writes, the tools task's writes wait for that save to begin (as a slow write would)."""
+
+        def put(self, *args: Any, **kwargs: Any) -> Any:
+            if crash_in_put and effects.exists():
+                put_started.set()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().put(*args, **kwargs)
+
+        def put_writes(self, config: Any, writes: Any, *args: Any, **kwargs: Any) -> None:
+            if hold_writes and crash_in_put and effects.exists() and any(ch == "messages" for ch, _ in writes):
+                # Held until put() begins (where the process dies). The bound is a guard for a
+                # LangGraph that orders the writes first: then put() waits for them, they land
+                # after HOLD_GUARD seconds and the run shows no rerun.
+                put_started.wait(HOLD_GUARD)
+            return super().put_writes(config, writes, *args, **kwargs)
+
+    @tool
+    def append_note(text: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        """Append a note (a side effect that must not happen twice)."""
+        with effects.open("a") as f:
+            f.write(f"{tool_call_id} {text}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return "ok"
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        wire = []
+        for m in state["messages"]:
+            if m.type == "human":
+                wire.append({"role": "user", "content": m.content})
+            elif m.type == "tool":
+                wire.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
+            else:
+                wire.append({"role": "assistant", "content": m.content or None})
+        req = urllib.request.Request(f"{model_url}/chat/completions", json.dumps({"messages": wire}).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            msg = json.loads(r.read())["choices"][0]["message"]
+        calls = [{"id": c["id"], "name": c["function"]["name"], "args": json.loads(c["function"]["arguments"])}
+                 for c in msg.get("tool_calls") or []]
+        return {"messages": [AIMessage(content=msg.get("content") or "", tool_calls=calls)]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode([append_note]))
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", tools_condition)
+    g.add_edge("tools", "agent")
+    return g.compile(checkpointer=CrashingSaver(conn))
+
+
+def child(mode: str, model_url: str, db: str, effects: str, order: str) -> None:
+    durability = "sync"
+    conn = sqlite3.connect(db, check_same_thread=False)
+    graph = build_graph(model_url, Path(effects), mode == "run", conn, hold_writes=order == "held")
+    config = {"configurable": {"thread_id": THREAD}}
+    if mode == "run":
+        graph.invoke({"messages": [HumanMessage("note hello")]}, config, durability=durability)
+    else:  # resume: what LangGraph documents for an interrupted thread
+        for _ in graph.stream(None, config, durability=durability):
+            pass
+
+
+# ------------------------------------------------------------------ parent
+def spawn(args: list[str]) -> int:
+    """Run this script as a child in its own session; return its exit status (-9: SIGKILLed).
+
+    The child is waited for without being reaped, so its pid still names its process group when
+    that group is killed (whatever the child left running goes with it); only then is it reaped.
+    A child still running after TIMEOUT seconds is killed the same way."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, __file__, *args], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        timer = threading.Timer(TIMEOUT, os.killpg, (proc.pid, signal.SIGKILL))
+        timer.start()
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        timer.cancel()
+        timer.join()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        if proc.returncode not in (0, -signal.SIGKILL):
+            err.seek(0)
+            sys.stderr.write(err.read().decode(errors="replace"))
+    return proc.returncode
+
+
+def durable_tool_calls(db: str) -> list[str]:
+    """The ids of the tool calls the thread's durable state holds: in its latest checkpoint's
+    messages, or in that checkpoint's pending writes (which a resume applies)."""
+    conn = sqlite3.connect(db, check_same_thread=False)
+    try:
+        saved = SqliteSaver(conn).get_tuple({"configurable": {"thread_id": THREAD}})
+    finally:
+        conn.close()
+    if saved is None:
+        return []
+    messages = list(saved.checkpoint["channel_values"].get("messages") or [])
+    for _task, channel, value in saved.pending_writes or []:
+        if channel == "messages":
+            messages.extend(value if isinstance(value, list) else [value])
+    return [c["id"] for m in messages for c in (getattr(m, "tool_calls", None) or [])]
+
+
+def one_run(model_url: str, workdir: Path, order: str) -> dict[str, Any]:
+    db, effects = workdir / "graph.db", workdir / "effects.txt"
+    rc = spawn(["child", "run", model_url, str(db), str(effects), order])
+    if rc != -signal.SIGKILL:
+        raise RuntimeError(f"the run was not killed in put() after its tool ran (exit {rc})")
+    ran = effects.read_text().split()[0]  # the call id the tool ran for
+    durable = durable_tool_calls(str(db))
+    rc = spawn(["child", "resume", model_url, str(db), str(effects), order])
+    if rc != 0:
+        raise RuntimeError(f"the resume failed (exit {rc})")
+    runs = [line.split()[0] for line in effects.read_text().splitlines()]
+    return {"ran": ran, "durable_at_kill": ran in durable, "durable": durable, "tool_runs": runs}
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "child":
+        child(*sys.argv[2:7])
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=25, help="at most this many runs (default 25)")
+    p.add_argument("--all", action="store_true", help="do every run (for the rate), not stop at the first rerun")
+    p.add_argument("--order", choices=("held", "natural"), default="held",
+                   help="held (default): the tools task's writes wait for the checkpoint save to begin, as a "
+                        "slow write would; natural: the two saves are left to LangGraph's executor")
+    a = p.parse_args()
+    from importlib.metadata import version
+
+    print(f"langgraph {version('langgraph')}, langgraph-checkpoint-sqlite {version('langgraph-checkpoint-sqlite')}, "
+          f"durability=sync, order={a.order}")
+    server = start_model()
+    model_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    seen, done = 0, 0
+    try:
+        for i in range(1, a.runs + 1):
+            with tempfile.TemporaryDirectory() as tmp:
+                r = one_run(model_url, Path(tmp), a.order)
+            done += 1
+            again = r["tool_runs"].count(r["ran"])
+            if again > 1:
+                seen += 1
+                print(f"run {i}: DAMAGE: killed in the checkpoint save after the tools node finished; the resumed "
+                      f"thread ran append_note for call {r['ran']} {again} times: the finished node ran again")
+                if not a.all:
+                    break
+            else:
+                print(f"run {i}: the finished node's writes were saved; the resume replayed them (one run)")
+    except RuntimeError as exc:
+        print(f"error: {exc}")
+        return 2
+    finally:
+        server.shutdown()
+    print(f"the finished tools node ran again in {seen} of {done} runs")
+    return 1 if seen else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
