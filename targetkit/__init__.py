@@ -11,6 +11,7 @@ least one release first. Anything not exported here may change.
 """
 from typing import Any
 
+from targetkit.policies import tool_policy
 from targetkit.registry import GROUP, UnknownTarget
 from targetkit.schema import SchemaReader, Stored, TurnRow
 from targetkit.sql import SqlReader
@@ -28,6 +29,7 @@ from targetkit.target import (
     Target,
     TargetOption,
     at_least_once_framework,
+    parse_policies,
     plain_loop,
 )
 
@@ -35,7 +37,7 @@ __all__ = [
     "ANY", "AT_MOST_ONCE", "EFFECT_MISMATCH", "FULL_PROMISES", "GROUP", "IDEMPOTENT", "INTENT_NOT_DURABLE",
     "RAN_UNDISPATCHED", "REQUEST_NOT_DURABLE", "RERUN", "RERUN_AFTER_CHECKPOINT_KILL", "UNKNOWN_OUTCOME",
     "OptionError", "Promises", "SchemaReader", "SqlReader", "Stored", "Target", "TargetOption", "TurnContext",
-    "TurnRow", "UnknownTarget", "at_least_once_framework", "plain_loop",
+    "TurnRow", "UnknownTarget", "at_least_once_framework", "parse_policies", "plain_loop", "tool_policy",
 ]
 
 # The loop kit imports the runtime's tool layer (pydantic): loaded on first use, so that the

@@ -83,6 +83,12 @@ FULL_PROMISES = Promises(contract=OUR_CONTRACT)
 
 
 _VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# A free-form option's kinds (`TargetOption.import_path`, `TargetOption.tool_policies`).
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+IMPORT_PATH = re.compile(rf"{_IDENT}(?:\.{_IDENT})*(?::{_IDENT}(?:\.{_IDENT})*)?")
+POLICY_NAMES = ("idempotent", "at_most_once", "read_only")
+TOOL_POLICIES = re.compile(r"[A-Za-z0-9_.-]{1,64}:(?:%s)(?:,[A-Za-z0-9_.-]{1,64}:(?:%s))*"
+                           % ("|".join(POLICY_NAMES), "|".join(POLICY_NAMES)))
 
 
 class OptionError(ValueError):
@@ -91,18 +97,72 @@ class OptionError(ValueError):
 
 @dataclass(frozen=True)
 class TargetOption:
-    """One option of a target (`--target-option KEY=VALUE`): the values it takes, and the one it has when not given."""
+    """One option of a target (`--target-option KEY=VALUE`): the values it takes, and the one it has when not given.
+
+    A choice option lists its values (`choices`, `default` one of them; `KEY=all` runs a campaign per
+    value). A free-form option (`pattern` set: made with `import_path` or `tool_policies`) takes any
+    value that full-matches it, has no default (not given, it is absent from the target's options),
+    and cannot be spread with `KEY=all`.
+    """
 
     choices: tuple[str, ...]
     default: str
     help: str = ""
+    pattern: str = ""  # a free-form option: the regular expression its value must full-match
+    form: str = ""     # a free-form option: its value's form as a person reads it ("MODULE:NAME")
 
     def __post_init__(self) -> None:
+        if self.pattern:
+            if self.choices or self.default:
+                raise ValueError("a free-form target option (pattern) lists no choices and has no default")
+            return
         # A value names a campaign's subdirectory when a campaign runs once per value (KEY=all).
         bad = [c for c in self.choices if not _VALUE.fullmatch(c) or c == "all"]
         if bad or self.default not in self.choices:
             raise ValueError(f"target option values are letters, digits, '.', '_' or '-' (not first), never "
                              f"'all', and the default one of them: {self.choices!r} (default {self.default!r})")
+
+    @classmethod
+    def import_path(cls, help: str = "") -> "TargetOption":
+        """A free-form option naming a Python object to import: `package.module:attribute` (or a module).
+        Never a file path: the module is found on the import path, as `python -m` finds it."""
+        return cls((), "", help, pattern=IMPORT_PATH.pattern, form="package.module:NAME")
+
+    @classmethod
+    def tool_policies(cls, help: str = "") -> "TargetOption":
+        """A free-form option declaring tools' effect policies: `TOOL:POLICY[,TOOL:POLICY...]`, each
+        POLICY one of idempotent, at_most_once, read_only (`parse_policies`)."""
+        return cls((), "", help, pattern=TOOL_POLICIES.pattern, form=f"TOOL:{'|'.join(POLICY_NAMES)}[,...]")
+
+    @property
+    def free(self) -> bool:
+        return bool(self.pattern)
+
+    def refusal(self, value: str) -> str | None:
+        """Why this option does not take `value`, or None."""
+        if not self.free:
+            return None if value in self.choices else f"takes {', '.join(self.choices)}, not {value!r}"
+        module = value.partition(":")[0]
+        file_like = "/" in value or "\\" in value or module.endswith(".py")
+        if re.fullmatch(self.pattern, value) and not (self.pattern == IMPORT_PATH.pattern and file_like):
+            return None
+        hint = ""
+        if self.pattern == IMPORT_PATH.pattern and file_like:
+            hint = " (an import path found on PYTHONPATH, never a file path: e.g. my_app:build for my_app.py)"
+        return f"takes {self.form}, not {value!r}{hint}"
+
+    def shown(self) -> str:
+        """Its values as `--list-targets` prints them."""
+        return self.form if self.free else "|".join(self.choices)
+
+
+def parse_policies(value: str) -> dict[str, str]:
+    """`TOOL:POLICY,...` (a `tool_policies` option's value) as tool -> policy; OptionError when malformed."""
+    if not value:
+        return {}
+    if not TOOL_POLICIES.fullmatch(value):
+        raise OptionError(f"tool policies are TOOL:{'|'.join(POLICY_NAMES)}[,...], not {value!r}")
+    return dict(pair.rsplit(":", 1) for pair in value.split(","))
 
 
 @dataclass(frozen=True)
@@ -130,6 +190,11 @@ class Target:
     extra: str | None = None         # this project's pip extra that installs it
     package: str | None = None       # the distribution that extra installs
     install_hint: str = ""           # one line saying how to get it
+    # A user's own app the target can run instead of its own agent (their LangGraph graph, their Agents
+    # SDK agent), chosen by its options: "module:function" naming `app_tools(options)`, which returns the
+    # app's tools ({"name", "description", "parameters" (JSON schema), "policy"} each) for a campaign to
+    # call, or None when the options name no app (raising ValueError, one line, when the app is unusable).
+    app_tools: str | None = None
 
     def workers(self) -> str:
         """How its workers start, as `--list-targets` says it."""
@@ -144,10 +209,25 @@ class Target:
             if option is None:
                 known = ", ".join(sorted(self.options)) or "none"
                 raise OptionError(f"--target {self.name} has no option {key!r} (its options: {known})")
-            if value not in option.choices:
-                raise OptionError(f"--target {self.name}'s option {key} takes {', '.join(option.choices)}, "
-                                  f"not {value!r}")
-        return {key: given.get(key, option.default) for key, option in self.options.items()}
+            why = option.refusal(value)
+            if why is not None:
+                raise OptionError(f"--target {self.name}'s option {key} {why}")
+        # A free-form option not given is absent, so a campaign without it keeps the options (and the
+        # plan hash and campaign id) it had before the option existed.
+        return {key: given.get(key, option.default) for key, option in self.options.items()
+                if key in given or not option.free}
+
+    def spread(self, key: str) -> tuple[str, ...]:
+        """The values `--target-option KEY=all` runs a campaign for: a choice option's every value.
+        OptionError for an option the target does not have, or a free-form one."""
+        option = self.options.get(key)
+        if option is None:
+            known = ", ".join(sorted(self.options)) or "none"
+            raise OptionError(f"--target {self.name} has no option {key!r} (its options: {known})")
+        if option.free:
+            raise OptionError(f"--target {self.name}'s option {key} takes {option.form}: it has no list of values "
+                              "to run a campaign for each (KEY=all is for a choice option)")
+        return option.choices
 
     def promises_for(self, options: Mapping[str, str] | None = None) -> Promises:
         """What it promises with `options` (checked; the others at their defaults)."""
@@ -168,6 +248,12 @@ class Target:
         if not isinstance(self.schema, str):
             return self.schema
         return load(self.schema)  # type: ignore[no-any-return]
+
+    def own_app_tools(self, options: Mapping[str, str]) -> list[dict[str, Any]] | None:
+        """The tools of the user's app `options` name (`app_tools`), or None (no app; the target's own tools)."""
+        if self.app_tools is None:
+            return None
+        return load(self.app_tools)(dict(options))  # type: ignore[no-any-return]
 
     def turn_state(self, conn: sqlite3.Connection, session: str, turn_id: str) -> str | None:
         return self.reader().turn_state(conn, session, turn_id)

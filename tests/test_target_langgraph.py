@@ -28,7 +28,7 @@ from worker.targets import langgraph as adapter
 
 TARGET = registry.get("langgraph")
 needs_langgraph = pytest.mark.skipif(not TARGET.available(), reason="LangGraph is not installed "
-                                     "(pip install 'hermes-supervisor[langgraph]')")
+                                     "(./scripts/setup langgraph)")
 SESSION = "lg-test"
 
 
@@ -40,8 +40,8 @@ def test_a_missing_langgraph_is_a_usage_error_with_the_install_hint(monkeypatch:
     monkeypatch.setattr(registry, "get", lambda name: absent if name == "langgraph" else real(name))
     assert cli.main(["chaos", "--target", "langgraph", "--scenario", "single-tool"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pip install 'hermes-supervisor[langgraph]'" in err[0]
-    with pytest.raises(UsageError, match=r"hermes-supervisor\[langgraph\]"):
+    assert len(err) == 1 and "scripts/setup langgraph" in err[0]
+    with pytest.raises(UsageError, match=r"scripts/setup langgraph"):
         worker_targets.adapter("langgraph")
 
 

@@ -24,8 +24,8 @@ from worker.targets import openai_agents as adapter
 
 REPO = Path(__file__).resolve().parent.parent
 needs_sdk = pytest.mark.skipif(not adapter.TARGET.available(),
-                               reason="the OpenAI Agents SDK is not installed (pip install "
-                                      "'hermes-supervisor[openai-agents]' installs openai-agents>=0.24,<0.25)")
+                               reason="the OpenAI Agents SDK is not installed (./scripts/setup "
+                                      "openai-agents installs openai-agents>=0.24,<0.25)")
 SESSION = "chaos-session"
 
 
@@ -78,14 +78,14 @@ def test_the_target_is_registered_with_what_the_sdk_does_not_promise() -> None:
     assert target.reader() is reader and target.modules == ("agents",) and target.extra == "openai-agents"
     assert not (target.promises.dispatch_intents or target.promises.stream_retraction
                 or target.promises.durable_projections)
-    assert "pip install 'hermes-supervisor[openai-agents]'" in target.install_hint
+    assert "scripts/setup openai-agents" in target.install_hint
 
 
 def test_without_the_sdk_the_command_says_how_to_get_it(capsys: pytest.CaptureFixture[str]) -> None:
     if adapter.TARGET.available():
         pytest.skip("the OpenAI Agents SDK is installed; the missing-package message cannot be shown")
     assert cli.main(["chaos", "--target", "openai-agents", "--scenario", "single-tool"]) == cli.EXIT_USAGE
-    assert "pip install 'hermes-supervisor[openai-agents]'" in capsys.readouterr().err
+    assert "scripts/setup openai-agents" in capsys.readouterr().err
 
 
 def test_the_reader_recognizes_only_the_sdks_store(tmp_path: Path) -> None:

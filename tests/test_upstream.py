@@ -66,7 +66,7 @@ def test_without_hermes_agent_the_command_says_how_to_get_it(capsys: pytest.Capt
     if upstream.TARGET.available():
         pytest.skip("hermes-agent is installed; the missing-package message cannot be shown")
     assert cli.main(["chaos", "--target", "hermes-agent", "--scenario", "single-tool"]) == cli.EXIT_USAGE
-    assert "pip install 'hermes-supervisor[upstream]'" in capsys.readouterr().err
+    assert "scripts/setup upstream" in capsys.readouterr().err
 
 
 @pytest.mark.chaos

@@ -134,13 +134,24 @@ def toolsets_of(args: Any) -> list[str]:
 def open_ledger(args: Any, link: "SupervisorLink | None") -> "Ledger":
     """The worker's effects ledger (``--ledger``, default the database path + ``.effects``), with the
     chaos tools (when ``--tools`` chose them) installed to record into it and to report each effect
-    to the supervisor first."""
+    to the supervisor first; with ``--ledger-tools``, every other tool of ``--tools`` too."""
     from worker import chaos_tools
     from worker.ledger import Ledger
 
-    ledger = Ledger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
+    ledger_tools = bool(getattr(args, "ledger_tools", False))
+    if ledger_tools:  # a user's own tools, counted as the chaos tools count themselves (worker.ledgered_tools)
+        from worker.ledgered_tools import ToolLedger
+
+        ledger = ToolLedger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
+    else:
+        ledger = Ledger(args.ledger or Path(f"{args.db}.effects"), incarnation=args.incarnation)
+    report = (lambda effect: link.request(dict(effect, type="effect"))) if link else None
     if chaos_tools.TOOLSET in toolsets_of(args):
-        chaos_tools.install(ledger, (lambda effect: link.request(dict(effect, type="effect"))) if link else None)
+        chaos_tools.install(ledger, report)
+    if ledger_tools:
+        from worker import ledgered_tools
+
+        ledgered_tools.install(toolsets_of(args), (chaos_tools.TOOLSET,), ledger, report)
     return ledger
 
 

@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from hermes import persistence_failure, probes
+from hermes.extras import install_line
 from hermes.turn import PERSISTENCE_FAILED
 from targetkit import ANY, REQUEST_NOT_DURABLE, RERUN, RERUN_AFTER_CHECKPOINT_KILL, Promises, Target, TargetOption
 from worker.targets import Report, UsageError, open_ledger, show, toolsets_of
@@ -123,22 +124,39 @@ def promises(options: Mapping[str, str]) -> Promises:
 
 
 OPTIONS = {"durability": TargetOption(DURABILITY_MODES, DEFAULT_DURABILITY,
-                                      "LangGraph's durability mode: when a step's checkpoint is saved")}
+                                      "LangGraph's durability mode: when a step's checkpoint is saved"),
+           # Your own graph instead of this target's (worker.targets.langgraph_app).
+           "app": TargetOption.import_path("your graph: the function that, given a checkpointer, returns it "
+                                           "compiled (or a StateGraph); its ToolNode tools are the campaign's"),
+           "policies": TargetOption.tool_policies("with app: each tool's effect policy (undeclared: at_most_once)")}
 
 # Its workers start as forks of the warm template, which imports LangGraph before its first fork.
 TARGET = Target(
-    NAME, "a LangGraph StateGraph (pip install 'hermes-supervisor[langgraph]')", adapter=__name__,
+    NAME, "a LangGraph StateGraph (the `langgraph` extra)", adapter=__name__,
     schema="supervisor.chaos.schema.langgraph", promises=promises({"durability": DEFAULT_DURABILITY}),
     options=OPTIONS, promises_with=promises,
     unreachable={"compact.in_txn": "LangGraph has no compaction: a checkpoint holds the whole message list, and "
                                    "this graph trims nothing"},
     unsupported={"compaction": "LangGraph has no compaction: --compact-above has no counterpart",
                  "compaction-mid-turn": "LangGraph has no compaction"},
-    forkserver=True, preload=(__name__, "worker.targets.langgraph_graph", "worker.targets.langgraph_model"),
+    forkserver=True, preload=(__name__, "worker.targets.langgraph_graph", "worker.targets.langgraph_model",
+                              "worker.targets.langgraph_app:warm"),
     modules=("langgraph", "langgraph.checkpoint.sqlite"),  # langchain-core comes with langgraph
-    extra="langgraph", package="langgraph>=1.2.24,<1.3",
-    install_hint=("the langgraph target needs LangGraph: pip install 'hermes-supervisor[langgraph]' "
-                  "(installs langgraph, langgraph-checkpoint-sqlite and langchain-core)"))
+    extra="langgraph", package="langgraph>=1.2.24,<1.3", app_tools=f"{__name__}:app_tools",
+    install_hint=("the langgraph target needs LangGraph (langgraph, langgraph-checkpoint-sqlite and langchain-core, "
+                  f"the `langgraph` extra): {install_line('langgraph')}"))
+
+
+def app_tools(options: Mapping[str, str]) -> list[dict[str, Any]] | None:
+    """With ``app``: the tools of the user's graph (worker.targets.langgraph_app.declared); else None."""
+    if not options.get("app"):
+        if options.get("policies"):
+            raise ValueError("policies declares the tools of your own graph: "
+                             "give it with app=package.module:NAME")
+        return None
+    from worker.targets.langgraph_app import declared
+
+    return declared(options["app"], dict(options))
 
 
 def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:
@@ -374,14 +392,27 @@ def _storage_failure(args: Any, exc: sqlite3.Error) -> dict[str, Any]:
 
 
 def execute(args: Any, link: Any, report: Report) -> int:
-    """Run or resume one turn with LangGraph, then report its outcome."""
-    ledger = open_ledger(args, link)
+    """Run or resume one turn with LangGraph (this target's graph, or the user's: option ``app``), then
+    report its outcome."""
+    project = lambda kind, turn=None, **fields: show(link, args.session, turn, kind, **fields)  # noqa: E731
+    app = (getattr(args, "target_options", None) or {}).get("app")
+    ledger = None
     try:
-        try:
-            target = LangGraphTarget(args, lambda kind, turn=None, **fields: show(link, args.session, turn, kind,
-                                                                                    **fields))
-        except sqlite3.Error as exc:  # storage that fails at open: the named persistence failure
-            return report(_storage_failure(args, exc))
+        if app:
+            from worker.targets.langgraph_app import AppUnusable, open_app
+
+            try:
+                target, ledger = open_app(args, link, project)
+            except (AppUnusable, ValueError) as exc:
+                raise UsageError(str(exc)) from None
+        else:
+            ledger = open_ledger(args, link)
+            target = LangGraphTarget(args, project)
+    except sqlite3.Error as exc:  # storage that fails at open: the named persistence failure
+        if ledger is not None:
+            ledger.close()
+        return report(_storage_failure(args, exc))
+    try:
         try:
             out = target.resume() if args.command == "resume" else target.run()
         except sqlite3.Error as exc:  # reading the thread's state failed (the graph run reports its own)

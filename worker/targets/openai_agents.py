@@ -64,8 +64,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hermes import persistence_failure, probes
+from hermes.extras import install_line
 from hermes.transcript import is_blank
-from targetkit import ANY, REQUEST_NOT_DURABLE, Promises, Target
+from targetkit import ANY, REQUEST_NOT_DURABLE, Promises, Target, TargetOption
 from worker.targets import Report, open_ledger, show, toolsets_of
 
 log = logging.getLogger("worker.targets.openai_agents")
@@ -100,7 +101,7 @@ CLAIMS_DOC = (f"{_SESSIONS}: what a session stores and when; nothing records a t
 # kill (a tool run again) is DAMAGE under effect-semantics. Its template imports the SDK (with
 # tracing off, as the adapter's wiring sets it) before its first fork.
 TARGET = Target(
-    NAME, "the OpenAI Agents SDK (pip install 'hermes-supervisor[openai-agents]')", adapter=__name__,
+    NAME, "the OpenAI Agents SDK (the `openai-agents` extra)", adapter=__name__,
     schema="supervisor.chaos.schema.openai_agents",
     promises=Promises(dispatch_intents=False, durable_requests=False, stream_retraction=False,
                       durable_projections=False, promised={("no-lost-rows", ANY): HISTORY_DOC},
@@ -111,9 +112,26 @@ TARGET = Target(
     unsupported={"compaction": "a SQLiteSession is never compacted here (the SDK's compaction session asks the "
                                "Responses API); --compact-above has no counterpart",
                  "compaction-mid-turn": "a SQLiteSession is never compacted here"},
-    modules=("agents",), extra="openai-agents", package=DISTRIBUTION,
-    install_hint=(f"the {NAME} target needs the OpenAI Agents SDK: pip install 'hermes-supervisor[openai-agents]' "
-                  f"(installs {DISTRIBUTION}), or pip install '{DISTRIBUTION}' next to this project"))
+    modules=("agents",), extra="openai-agents", package=DISTRIBUTION, app_tools=f"{__name__}:app_tools",
+    # Your own agent instead of this target's (worker.targets.openai_agents_app).
+    options={"agent": TargetOption.import_path("your agent: an agents.Agent (or a function returning one); its "
+                                               "function tools are the campaign's"),
+             "policies": TargetOption.tool_policies("with agent: each tool's effect policy "
+                                                    "(undeclared: at_most_once)")},
+    install_hint=(f"the {NAME} target needs the OpenAI Agents SDK ({DISTRIBUTION}, the `openai-agents` extra): "
+                  f"{install_line('openai-agents')}"))
+
+
+def app_tools(options: dict[str, str]) -> list[dict[str, Any]] | None:
+    """With ``agent``: the function tools of the user's agent (worker.targets.openai_agents_app); else None."""
+    if not options.get("agent"):
+        if options.get("policies"):
+            raise ValueError("policies declares the tools of your own agent: "
+                             "give it with agent=package.module:NAME")
+        return None
+    from worker.targets.openai_agents_app import declared
+
+    return declared(options["agent"], dict(options))
 
 
 def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:
@@ -186,6 +204,12 @@ class AgentsTarget:
     def _context(self) -> dict[str, Any]:
         return {"session": self.args.session, "turn": self.turn_id}
 
+    def _agent(self) -> Any:
+        """The agent a run drives: this target's own (a user's agent: worker.targets.openai_agents_app)."""
+        from agents import Agent
+
+        return Agent(name="hermes-chaos", instructions=self.args.system_prompt, model=self.model, tools=self.tools)
+
     def _client(self) -> Any:
         from openai import AsyncOpenAI
 
@@ -196,10 +220,10 @@ class AgentsTarget:
     # -------------------------------------------------------------- running
     async def _drive(self, message: str | list[Any], turn_id: str) -> dict[str, Any]:
         """One `Runner.run_streamed` on the session, every stream event projected; its outcome."""
-        from agents import Agent, RunConfig, Runner
+        from agents import RunConfig, Runner
 
         self.turn_id = turn_id
-        agent = Agent(name="hermes-chaos", instructions=self.args.system_prompt, model=self.model, tools=self.tools)
+        agent = self._agent()
         projector = self.wiring.Projector(lambda kind, **fields: self.project(kind, turn=turn_id, **fields),
                                           self._context, stream=bool(self.args.stream))
         probes.fire("turn.start", session=self.args.session, turn=turn_id)
@@ -271,7 +295,10 @@ def _open(args: Any, link: Any) -> AgentsTarget:
 
 
 def execute(args: Any, link: Any, report: Report) -> int:
-    """Run or resume one turn with the OpenAI Agents SDK, then report its outcome."""
+    """Run or resume one turn with the OpenAI Agents SDK (this target's agent, or the user's: option
+    ``agent``), then report its outcome."""
+    if (getattr(args, "target_options", None) or {}).get("agent"):
+        return _execute_app(args, link, report)
     ledger = open_ledger(args, link)
     try:
         try:
@@ -291,3 +318,36 @@ def execute(args: Any, link: Any, report: Report) -> int:
     finally:
         ledger.close()
     return report(out)
+
+
+def _execute_app(args: Any, link: Any, report: Report) -> int:
+    """`execute` on the user's agent (worker.targets.openai_agents_app)."""
+    from worker.targets import UsageError
+    from worker.targets.openai_agents_app import open_app
+
+    try:
+        target, ledger = open_app(args, link, lambda kind, turn=None, **fields: show(link, args.session, turn, kind,
+                                                                                     **fields))
+    except sqlite3.Error as exc:
+        return report(target_failure(args, exc))
+    except ValueError as exc:  # the agent cannot be used (worker.targets.langgraph_app.AppUnusable, a policy)
+        raise UsageError(str(exc)) from None
+    try:
+        try:
+            out = asyncio.run(target.resume() if args.command == "resume" else target.run())
+        except sqlite3.Error as exc:
+            out = target._failed(getattr(args, "turn_id", None), exc)
+        finally:
+            target.close()
+    finally:
+        ledger.close()
+    return report(out)
+
+
+def target_failure(args: Any, exc: sqlite3.Error) -> dict[str, Any]:
+    """The outcome of a session store that cannot even be opened."""
+    cause = persistence_failure.classify(exc, args.db)
+    return {"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
+            "final_response": None, "turn_exit_reason": "error",
+            "failure_reason": f"session_persistence_failed:{cause}",
+            "error": persistence_failure.describe(cause, str(exc), Path(args.db)), "target": NAME}
