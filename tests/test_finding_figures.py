@@ -1,41 +1,19 @@
-"""The published findings about other runtimes (scripts/finding_figures.py): README.md and docs/targets.md
+"""The published findings about other runtimes (docfigures.findings): README.md and docs/targets.md
 render each from one store, in the same words; every finding names a script that exists, and a class and
-promise of this project's vocabulary."""
+promise of this project's vocabulary. (Each page's block is its store rendered: tests/test_figures.py.)"""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from docfigures import findings as figures
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("finding_figures", REPO / "scripts" / "finding_figures.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("finding_figures", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-figures = _load()
-
-
-def _block(page: Path) -> str:
-    text = page.read_text(encoding="utf-8")
-    return figures.BEGIN + text.split(figures.BEGIN, 1)[1].split(figures.END, 1)[0] + figures.END
-
-
-def test_each_page_block_is_the_store_rendered() -> None:
-    store = figures.load()
-    for page, (root, targets) in figures.PAGES.items():
-        assert _block(page) == figures.render(store, root, targets), f"{page.name}: python scripts/finding_figures.py"
+def _block(page: str) -> str:
+    return figures.block(page)
 
 
 def test_both_pages_say_the_same_words_of_each_upstream_finding() -> None:
@@ -74,3 +52,4 @@ def test_a_changed_store_changes_both_blocks() -> None:
     changed["findings"][0]["title"] += " (changed)"
     for page, (root, targets) in figures.PAGES.items():
         assert figures.render(changed, root, targets) != _block(page)
+        assert figures.render(store, root, targets) == _block(page)

@@ -1,33 +1,10 @@
-"""README.md's list of upstream defects is its store rendered (scripts/minimal_figures.py): a hand edit
-of either side, or a store that lost a case, fails here."""
+"""README.md's list of upstream defects (docfigures.minimal): a store that lost a case, or a case
+neither shown by a script nor set aside, fails here. (The block is its store rendered: tests/test_figures.py.)"""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("minimal_figures", REPO / "scripts" / "minimal_figures.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("minimal_figures", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-figures = _load()
-
-
-def test_the_readme_block_is_the_store_rendered() -> None:
-    store = json.loads(figures.STORE.read_text(encoding="utf-8"))
-    page = figures.PAGE.read_text(encoding="utf-8")
-    block = page.split(figures.BEGIN, 1)[1].split(figures.END, 1)[0]
-    assert figures.BEGIN + block + figures.END == figures.render(store)
+from docfigures import minimal as figures
 
 
 def test_the_store_holds_one_minimal_case_per_invariant() -> None:
@@ -43,9 +20,9 @@ def test_the_store_holds_one_minimal_case_per_invariant() -> None:
 
 def test_a_changed_store_changes_the_block() -> None:
     store = json.loads(figures.STORE.read_text(encoding="utf-8"))
+    block = figures.render(store)
     store["shrunk"][0]["calls"] += 1
-    page = figures.PAGE.read_text(encoding="utf-8")
-    assert figures.rewrite(page, figures.render(store)) != page
+    assert figures.render(store) != block
 
 
 def test_every_case_is_shown_by_a_script_or_set_aside_with_its_reason() -> None:

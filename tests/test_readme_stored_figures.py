@@ -1,15 +1,15 @@
-"""The stored figures of the docs README.md links to: each block is its store rendered, a changed stored
-figure changes its block, and no figure of the prose disagrees with the table it repeats.
+"""The stored figures of the docs README.md links to: a changed stored figure changes its block,
+the stores are made from what the measurements report, and no figure of the prose disagrees with
+the table it repeats. (That each block is its store rendered: tests/test_figures.py.)
 
-The stores live in docs/figures/ (bench.json, memory.json, proof.json, upstream.json); the renderers
-are scripts/bench_figures.py and scripts/proof_figures.py, wired into scripts/readme_figures.py. The
-consistency tests read the pages alone (docs/performance.md, targets.md, scale.md, chaos.md,
-with README.md): a hand edit of either side of a repeated figure fails them.
+The stores live in docs/figures/ (bench.json, memory.json, proof.json, upstream.json); their
+renderers are docfigures.bench and docfigures.proof, declared in docfigures. The consistency tests
+read the pages alone (docs/performance.md, targets.md, scale.md, chaos.md, with README.md): a hand
+edit of either side of a repeated figure fails them.
 """
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import re
@@ -17,32 +17,19 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from docfigures import bench as bench_figures
+from docfigures import proof as proof_figures
+from docfigures.common import read_json
+from docfigures.pages import blocks_of
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _load() -> ModuleType:
-    if "readme_figures" in sys.modules:
-        return sys.modules["readme_figures"]
-    spec = importlib.util.spec_from_file_location("readme_figures", REPO / "scripts" / "readme_figures.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["readme_figures"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-figures = _load()
-bench_figures = figures.bench_figures
-proof_figures = figures.proof_figures
 # The pages that hold the blocks and the prose around them (README.md links to each).
-PAGES = {"performance": bench_figures.PAGE, "targets": figures.UPSTREAM_PAGE, "scale": proof_figures.PAGE,
-         "chaos": REPO / "docs" / "chaos.md"}
-assert figures.PAGE == bench_figures.PAGE and figures.target_figures.PAGE == figures.UPSTREAM_PAGE
+PAGES = {"performance": REPO / "docs" / "performance.md", "targets": REPO / "docs" / "targets.md",
+         "scale": REPO / "docs" / "scale.md", "chaos": REPO / "docs" / "chaos.md"}
 
 
 def _page(name: str) -> str:
@@ -74,32 +61,13 @@ def _one(pattern: str, text: str) -> re.Match[str]:
     return found[0]
 
 
-# ---------------------------------------------------------------------------- blocks == stores
-MY_BLOCKS = ("bench part", "<!-- performance:begin -->", "<!-- memory:begin -->", "proof")
-
-
-@pytest.mark.parametrize("name", MY_BLOCKS)
-def test_each_stored_block_is_its_store_rendered(name: str) -> None:
-    (current, rendered), = [(c, r) for n, c, r in figures.stored_blocks() if n.startswith(name)]
-    assert current == rendered, (f"the {name} block differs from its store in docs/figures: "
-                                 "run `python scripts/readme_figures.py --stored`")
-
-
-@pytest.mark.parametrize("begin, end, page, heading", [
-    (bench_figures.PERFORMANCE_BEGIN, bench_figures.PERFORMANCE_END, "performance", "## What a case costs"),
-    (bench_figures.MEMORY_BEGIN, bench_figures.MEMORY_END, "performance", "## Measured"),
-    (proof_figures.BEGIN, proof_figures.END, "scale", "# Campaigns at scale"),
-])
-def test_each_block_sits_once_in_its_section(begin: str, end: str, page: str, heading: str) -> None:
-    assert _readme().count(begin) == _readme().count(end) == 1, "each block is in one page only"
-    text = _page(page)
-    assert text.count(begin) == text.count(end) == 1
-    assert begin in _section(text, heading) and end in _section(text, heading)
+def _block(name: str, text: str | None = None) -> str:
+    return blocks_of(_readme() if text is None else text)[name]
 
 
 # ---------------------------------------------------------------------------- a changed store changes the block
 def _bench_store() -> dict[str, Any]:
-    return bench_figures.read_json(bench_figures.BENCH_STORE)
+    return read_json(bench_figures.BENCH_STORE)
 
 
 def _with_cell(store: dict[str, Any], name: str, column: str, run: int = 0) -> dict[str, Any]:
@@ -121,8 +89,8 @@ def _with_cell(store: dict[str, Any], name: str, column: str, run: int = 0) -> d
 def _performance(store: dict[str, Any] | None = None, memory: dict[str, Any] | None = None,
                  upstream: dict[str, Any] | None = None) -> str:
     return bench_figures.render_performance(
-        store or _bench_store(), memory or bench_figures.read_json(bench_figures.MEMORY_STORE),
-        upstream or bench_figures.read_json(bench_figures.UPSTREAM_STORE))
+        store or _bench_store(), memory or read_json(bench_figures.MEMORY_STORE),
+        upstream or read_json(bench_figures.UPSTREAM_STORE))
 
 
 def test_every_bench_cell_the_performance_block_shows_changes_it() -> None:
@@ -153,8 +121,8 @@ def test_every_bench_cell_the_performance_block_shows_changes_it() -> None:
 
 
 def test_the_long_run_and_upstream_double_mode_change_the_performance_block() -> None:
-    memory = bench_figures.read_json(bench_figures.MEMORY_STORE)
-    upstream = bench_figures.read_json(bench_figures.UPSTREAM_STORE)
+    memory = read_json(bench_figures.MEMORY_STORE)
+    upstream = read_json(bench_figures.UPSTREAM_STORE)
     base = _performance()
     for key, value in (("cases", memory["cases"] + 1), ("date", "2099-01-01"),
                        ("rss_mib", dict(memory["rss_mib"], **{"100%": memory["rss_mib"]["100%"] + 1}))):
@@ -170,7 +138,7 @@ def test_the_long_run_and_upstream_double_mode_change_the_performance_block() ->
 
 
 def test_every_stored_proof_figure_changes_the_proof_block() -> None:
-    stored = proof_figures.read_store()
+    stored = read_json(proof_figures.STORE)
     base = proof_figures.render(stored)
     for key in ("cases", "kills", "no_kill", "reaimed", "violations", "not_judged", "baselines", "scenarios"):
         changed = copy.deepcopy(stored)
@@ -248,7 +216,7 @@ def test_the_proof_store_from_reports_counted_before_the_correction_says_so() ->
     assert "| landed nemesis kills |" not in block and "other deaths (" not in block
     assert "headless Chromium" not in block and "The merge reports" in block  # neither was measured
     # The stored proof of 2026-12 is of that kind, and says when and how it was measured.
-    old = proof_figures.read_store()
+    old = read_json(proof_figures.STORE)
     if old["kill_count"] == "uncorrected":
         rendered = proof_figures.render(old)
         assert "before the kill count was corrected" in rendered and f"measured {old['date']}" in rendered
@@ -292,7 +260,7 @@ def test_a_stored_bench_run_goes_first_and_keeps_the_one_before(tmp_path: Path) 
 
 # ---------------------------------------------------------------------------- prose against its table
 def _bench_table() -> Any:
-    _, part = figures.split_block(figures.read_block(_readme()))
+    part = _block("figures").split("\nBenchmarks (", 1)[1]
     return bench_figures.parse_table(re.search(r"```text\n(.*?)\n```", part, re.S).group(1))
 
 
@@ -312,7 +280,7 @@ def test_the_bare_fork_rate_and_the_cpu_per_cycle_agree_with_the_bench_table() -
 
 
 def test_the_targets_table_and_the_paragraphs_after_it_repeat_the_bench_table() -> None:
-    performance = bench_figures.read_marked(_readme(), bench_figures.PERFORMANCE_BEGIN, bench_figures.PERFORMANCE_END)
+    performance = _block("performance")
     table = _bench_table()
     recovery, fresh = table.row(bench_figures.RECOVERY), table.row(bench_figures.FRESH)
     assert f"| {recovery.value} |" in performance and f"the {recovery.value} were:" in performance
@@ -332,7 +300,7 @@ def test_the_targets_table_and_the_paragraphs_after_it_repeat_the_bench_table() 
 
 def test_the_upstream_prose_repeats_the_upstream_table() -> None:
     text = _readme()
-    block = figures.read_upstream_block(text)
+    block = _block("upstream", text)
     double = _one(r"\n\| double \| [^|]+ \| ([^|]+) \| ([^|]+) \|", block)
     upstream_cells = [c.strip() for c in double.group(1).split(" / ")]
     ours_cells = [c.strip() for c in double.group(2).split(" / ")]
@@ -343,9 +311,9 @@ def test_the_upstream_prose_repeats_the_upstream_table() -> None:
     rate = _one(r"upstream once \(([\d.]+) cases/s\)", section).group(1)
     assert rate == f"{cases / wall:.1f}", (rate, cases, wall)
     fidelity = _one(r"\| `result-fidelity` \| damage \|[^\n]*\| ([\d,]+) in ([\d,]+) \|\n", block)
-    assert _num(_one(r"`result-fidelity` in ([\d,]+) cases", section).group(1)) == _num(fidelity.group(2))
+    assert _num(_one(r"`result-fidelity` count \(([\d,]+) cases", section).group(1)) == _num(fidelity.group(2))
     # The targets table's double-mode row says the same.
-    performance = bench_figures.read_marked(text, bench_figures.PERFORMANCE_BEGIN, bench_figures.PERFORMANCE_END)
+    performance = _block("performance", text)
     row = _one(r"double mode on hermes-agent[^|]*\| ([\d,]+) cases, ([\d,]+) kills, (\d+) min \|", performance)
     assert (_num(row.group(1)), _num(row.group(2))) == (cases, _num(upstream_cells[1]))
     assert int(row.group(3)) == round(wall / 60)
@@ -360,9 +328,9 @@ def test_the_upstream_version_is_the_one_pinned() -> None:
 
 def test_the_long_memory_run_is_quoted_as_measured() -> None:
     text = _readme()
-    memory = bench_figures.read_marked(text, bench_figures.MEMORY_BEGIN, bench_figures.MEMORY_END)
+    memory = _block("memory", text)
     m = _one(r"a ([\d,]+)-case random campaign.*?at the end \(([\d.]+)×\)", memory.replace("\n", " "))
-    performance = bench_figures.read_marked(text, bench_figures.PERFORMANCE_BEGIN, bench_figures.PERFORMANCE_END)
+    performance = _block("performance", text)
     row = _one(r"([\d.]+)× over ([\d,]+) \(the long run", performance)
     assert (row.group(1), row.group(2)) == (m.group(2), m.group(1))
     start = float(_one(r"RSS ([\d.]+) MiB at 10 %", memory).group(1))
@@ -371,7 +339,7 @@ def test_the_long_memory_run_is_quoted_as_measured() -> None:
 
 
 def test_the_proof_prose_repeats_the_proof_table() -> None:
-    block = proof_figures.read_block(_readme())
+    block = _block("proof")
     flat = block.replace("\n", " ")
     header = next(line for line in block.splitlines() if line.startswith("| shard |"))
     columns = [c.strip() for c in header.strip("|").split("|")]
@@ -411,10 +379,8 @@ def test_no_figure_outside_a_block_lacks_its_date(page: str, heading: str) -> No
     """In the sections of measured figures, a figure outside the generated blocks stands in a
     paragraph that says when it was measured (and, by the rules of these pages, how)."""
     text = _section(_page(page), heading)
-    for begin, end in ((figures.BEGIN, figures.END), (bench_figures.PERFORMANCE_BEGIN, bench_figures.PERFORMANCE_END),
-                       (bench_figures.MEMORY_BEGIN, bench_figures.MEMORY_END), (proof_figures.BEGIN, proof_figures.END)):
-        if begin in text:
-            text = text.replace(bench_figures.read_marked(text, begin, end), "")
+    for block in blocks_of(text).values():
+        text = text.replace(block, "")
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = re.sub(r"`[^`\n]*`", "", text)
     undated = [(m.group(0), paragraph[:80]) for paragraph in text.split("\n\n")
@@ -426,12 +392,12 @@ def test_no_figure_outside_a_block_lacks_its_date(page: str, heading: str) -> No
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
 def test_a_small_proof_runs_merges_and_renders_from_its_reports(tmp_path: Path) -> None:
-    """`proof_figures.py run` and `store` on a proof of 8 planned cases: the block says what the merged report says."""
+    """`store proof run` and `store proof` on a proof of 8 planned cases: the block says what the merged report says."""
     env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    script = str(REPO / "scripts" / "proof_figures.py")
+    script = str(REPO / "scripts" / "figures.py")
     store = tmp_path / "proof.json"
-    for argv in (["run", str(tmp_path / "proof"), "--runs", "8", "--no-faults"],
-                 ["store", str(tmp_path / "proof"), "--store", str(store), "--no-readme", "--open-runs", "0"]):
+    for argv in (["store", "proof", "run", str(tmp_path / "proof"), "--runs", "8", "--no-faults"],
+                 ["store", "proof", str(tmp_path / "proof"), "--store", str(store), "--open-runs", "0"]):
         proc = subprocess.Popen([sys.executable, script, *argv], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
@@ -439,14 +405,14 @@ def test_a_small_proof_runs_merges_and_renders_from_its_reports(tmp_path: Path) 
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group id is the recorded pid
             out, err = proc.communicate()
-        assert proc.returncode == 0, f"{argv[0]}: exit {proc.returncode}\n{err[-3000:]}"
+        assert proc.returncode == 0, f"{argv[2]}: exit {proc.returncode}\n{err[-3000:]}"
     merged = json.loads((tmp_path / "proof" / "merged" / "report.json").read_text())
     stored = json.loads(store.read_text())
     assert stored["merged"]["cases"] == merged["cases"] and stored["merged"]["kills"] == merged["kills"]
     assert [s["shard"] for s in stored["shards"]] == [[i, 4] for i in range(1, 5)]
     assert all(s["wall_seconds"] and s["cores"] for s in stored["shards"])
     block = proof_figures.render(stored)
-    assert block in out and "An 8-case proof" in block and f"reports {merged['cases']:,} cases" in block
+    assert "An 8-case proof" in block and f"reports {merged['cases']:,} cases" in block
     corrected = "other_deaths" in merged
     assert ("landed nemesis kills" in block) == corrected
     assert ("before the kill count was corrected" in block) == (not corrected)

@@ -18,7 +18,7 @@ from procutil import stop_tree
 
 REPO = Path(__file__).resolve().parents[1]
 REPRO = REPO / "examples" / "repro"
-STORE = REPO / "docs" / "figures" / "findings.json"  # what README.md and docs/targets.md publish (finding_figures.py)
+STORE = REPO / "docs" / "figures" / "findings.json"  # what README.md and docs/targets.md publish (docfigures.findings)
 PUBLISHED_IN = (REPO / "README.md", REPO / "docs" / "targets.md")
 
 

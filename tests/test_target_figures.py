@@ -1,31 +1,14 @@
-"""The targets table of docs/targets.md (scripts/target_figures.py): each class split by promise, what fires with no
+"""The targets table of docs/targets.md (docfigures.targets): each class split by promise, what fires with no
 kill at all shown apart, ranges over the runs of one command where they differ, a sentence per target.
 
-The drift test (the page's block is the store's) is in tests/test_readme_figures.py.
+The drift test (the page's block is the store's) is tests/test_figures.py.
 """
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("target_figures", REPO / "scripts" / "target_figures.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("target_figures", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-figures = _load()
-
+from docfigures import targets as figures
 
 def _violation(case: str, invariant: str, kind: str, promise: str, doc: str = "a doc") -> dict[str, Any]:
     return {"case": case, "invariant": invariant, "class": kind, "promise": promise, "promise_doc": doc,
@@ -66,7 +49,7 @@ def test_a_report_is_condensed_by_invariant_class_and_promise_with_its_fault_fre
     assert condensed["docs"]["effect-semantics"]["damage"]["broken-promise"] == ["issue 8039"]
     assert condensed["no_kill_at_all"] == {"cases": 1, "violations": 1,
                                            "by_promise": {"durable-before-effect": {"contract": {"beyond-promise": 1}}}}
-    # What scripts/readme_figures.py reads of a condensed report is unchanged.
+    # What the upstream comparison (docfigures.upstream) reads of a condensed report is unchanged.
     assert figures.condense(_report(), 1.0)["by_invariant"]["effect-semantics"] == {"damage": [2, 2]}
 
 
@@ -112,7 +95,7 @@ def test_a_row_stored_without_promises_is_split_only_where_the_target_allows_it(
     assert "| damage | beyond-promise | 10 | 0 |" in block and "| contract | beyond-promise | 20 | 2 |" in block
     assert "upstream hermes-agent: stored before violations carried a promise, so its split is derived" in block
     assert "| 1, stored 2026-12-03 (the commit that stored it) | 91 | 89 | 30 | not stored |" in block
-    assert "--store hermes-agent --python PATH" in block
+    assert "store targets hermes-agent --python PATH" in block
     # LangGraph's labels depend on the condition (where the kill landed): no split, and the rerun to get one.
     stored["rows"]["langgraph-sync"] = dict(copy.deepcopy(legacy), version="1.2.24")
     block = figures.render(stored)

@@ -1,19 +1,14 @@
-#!/usr/bin/env python3
 """The README's list of distinct upstream defects: one minimal failing case per invariant, each
 either shown by a standalone script under examples/repro/ (the store's `reproduced_by`) or set
 aside as this harness's own, with the reason (`set_aside`).
 
-    python scripts/minimal_figures.py --store [--python PY] [--runs 60] [--seed 1] [--budget 150]
+    python scripts/figures.py store minimal [--python PY] [--runs 60] [--seed 1] [--budget 150]
         run `hermes-supervisor chaos --target hermes-agent --mode generated --shrink` (with PY, an
         interpreter that has the [upstream] extra: .venv-upstream/bin/python by default), and
         store what it shrank in docs/figures/minimal.json, with the command and the date
-    python scripts/minimal_figures.py --from-report DIR   store what the report in DIR shrank
-    python scripts/minimal_figures.py            render the stored list into README.md
-    python scripts/minimal_figures.py --check    exit 1 if README.md's block differs from the store
+    python scripts/figures.py store minimal --from-report DIR   store what the report in DIR shrank
 
-The block sits between ``<!-- minimal:begin -->`` and ``<!-- minimal:end -->``;
-``tests/test_minimal_figures.py`` renders the store and compares. The campaign takes many
-minutes against upstream, so it runs on demand only.
+The campaign takes many minutes against upstream, so it runs on demand only.
 """
 from __future__ import annotations
 
@@ -22,15 +17,13 @@ import datetime
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-STORE = REPO / "docs" / "figures" / "minimal.json"
-PAGE = REPO / "README.md"
-BEGIN, END = "<!-- minimal:begin -->", "<!-- minimal:end -->"
+from docfigures.common import FIGURES, REPO, read_json
+
+STORE = FIGURES / "minimal.json"
 TARGET = "hermes-agent"
 
 
@@ -70,7 +63,7 @@ def render(store: dict[str, Any]) -> str:
     the cases set aside, each with the reason (a case is one or the other: `check_store`)."""
     check_store(store)
     kept = [case for case in store["shrunk"] if case["invariant"] not in store["set_aside"]]
-    lines = [BEGIN, "",
+    lines = ["",
              f"`{store['command']}` ({store['date']}, {store['cases']} cases) found {len(store['shrunk'])} invariants "
              f"broken by upstream hermes-agent, each shrunk to the smallest conversation and kills that still break "
              f"it (`--regression-out DIR` writes each as a pytest file). {len(kept)} stand, each shown without this "
@@ -94,7 +87,7 @@ def render(store: dict[str, Any]) -> str:
         lines += ["", f"Set aside, as this harness's and not upstream's ({len(aside)}):", ""]
         lines += [f"- `{case['invariant']}` ({case['class'] or '-'}: {case['message'].replace('|', '/')}): "
                   f"{store['set_aside'][case['invariant']]}" for case in aside]
-    return "\n".join([*lines, "", END])
+    return "\n".join([*lines, ""])
 
 
 def check_store(store: dict[str, Any]) -> None:
@@ -110,49 +103,29 @@ def check_store(store: dict[str, Any]) -> None:
             raise ValueError(f"{invariant}: no script examples/repro/{script}")
 
 
-def rewrite(text: str, block: str) -> str:
-    head, found, rest = text.partition(BEGIN)
-    if not found or END not in rest:
-        raise SystemExit(f"{PAGE.name} has no {BEGIN} ... {END} block")
-    return head + block + rest.split(END, 1)[1]
+def block() -> str:
+    return render(read_json(STORE))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", action="store_true")
+def store(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="figures.py store minimal")
     parser.add_argument("--from-report", type=Path, default=None, metavar="DIR")
-    parser.add_argument("--check", action="store_true")
     parser.add_argument("--python", default=str(REPO / ".venv-upstream" / "bin" / "python"))
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--budget", type=int, default=150)
-    args = parser.parse_args()
-    argv = command(args.runs, args.seed, args.budget)
-    if args.store or args.from_report:
-        directory = args.from_report
-        if directory is None:
-            directory = Path(tempfile.mkdtemp(prefix="minimal-figures-"))
-            env = dict(os.environ, NO_PROXY="127.0.0.1,localhost")
-            subprocess.run([args.python, "-m", "supervisor", *argv, "--report", str(directory)], cwd=REPO, env=env,
-                           check=False)
-        report = json.loads((directory / "report.json").read_text(encoding="utf-8"))
-        opts = report["campaign"]["options"]
-        argv = command(opts["runs"], opts["seed"], args.budget)
-        condensed = condense(report, argv)
-        if STORE.exists():  # what was decided per invariant (a script, or why set aside) stays decided
-            previous = json.loads(STORE.read_text(encoding="utf-8"))
-            condensed["reproduced_by"] = previous.get("reproduced_by", {})
-            condensed["set_aside"] = previous.get("set_aside", {})
-        STORE.write_text(json.dumps(condensed, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    store = json.loads(STORE.read_text(encoding="utf-8"))
-    page = PAGE.read_text(encoding="utf-8")
-    wanted = rewrite(page, render(store))
-    if args.check:
-        return 0 if wanted == page else 1
-    if wanted != page:
-        PAGE.write_text(wanted, encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    args = parser.parse_args(argv)
+    directory = args.from_report
+    if directory is None:
+        directory = Path(tempfile.mkdtemp(prefix="figures-minimal-"))
+        env = dict(os.environ, NO_PROXY="127.0.0.1,localhost")
+        subprocess.run([args.python, "-m", "supervisor", *command(args.runs, args.seed, args.budget), "--report",
+                        str(directory)], cwd=REPO, env=env, check=False)
+    report = read_json(directory / "report.json")
+    opts = report["campaign"]["options"]
+    condensed = condense(report, command(opts["runs"], opts["seed"], args.budget))
+    if STORE.exists():  # what was decided per invariant (a script, or why set aside) stays decided
+        previous = read_json(STORE)
+        condensed["reproduced_by"] = previous.get("reproduced_by", {})
+        condensed["set_aside"] = previous.get("set_aside", {})
+    STORE.write_text(json.dumps(condensed, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

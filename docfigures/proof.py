@@ -1,29 +1,21 @@
-#!/usr/bin/env python3
-"""The campaign-at-scale proof (docs/scale.md): run its shards, merge them, store their figures, render the block.
+"""The campaign-at-scale proof of docs/scale.md: run its shards, merge them, store their figures
+(``docs/figures/proof.json``), and render the block (the shard table, the merged totals, and what a
+nightly of NIGHTLY_KILLS landed kills costs, sized from them).
 
-    python scripts/proof_figures.py run DIR [--shard I ...] [--runs N] [--jobs J] [--no-faults]
-        # run the proof's shards one after another into DIR/shard-I (each with its --faults of the
-        # rotation below), sampling the supervisor's RSS into DIR/shard-I.run.json
-    python scripts/proof_figures.py store DIR [--open-runs N] [--store PATH] [--no-readme]
-        # merge DIR/shard-* into DIR/merged (timed), open the merged report.html in headless Chromium
-        # when there is one (`python -m bench.report_open`), store the figures in
-        # docs/figures/proof.json and render docs/scale.md's block from it
-    python scripts/proof_figures.py print | check
-        # the block rendered from the store; check exits 1 if docs/scale.md's block differs
+    python scripts/figures.py store proof run DIR [--shard I ...] [--runs N] [--jobs J] [--no-faults]
+        run the shards one after another into DIR/shard-I (each with its --faults of the rotation
+        below), sampling the supervisor's RSS into DIR/shard-I.run.json
+    python scripts/figures.py store proof DIR [--open-runs N] [--note TEXT] [--store PATH]
+        merge DIR/shard-* into DIR/merged (timed), open the merged report.html in headless Chromium
+        when there is one (`python -m bench.report_open`), store the figures
 
 Everything the block shows comes from the shards' and the merged report.json (``cases``, ``kills``,
 ``no_kill``, ``reaimed``, ``violations``, ``unknown``, ``wall_seconds``, ``cycles_per_second``,
-and, from reports that have them, ``other_deaths`` (every worker death the nemesis did not plan:
-``{"self": n, "timeout": n, ...}``) and ``faults`` (``{name: {"planned", "landed", "skipped"}}``)),
-from the ``run`` step's RSS samples and from the merge's and the report's timings. Reports with
-``other_deaths`` count in ``kills`` only the nemesis's landed kills; the block then shows landed
-nemesis kills and other deaths apart. Reports without it counted every SIGKILL death in ``kills``:
-a store made from them says so (``"kill_count": "uncorrected"``) and so does the block.
-
-The block, between ``<!-- proof:begin -->`` and ``<!-- proof:end -->`` in docs/scale.md ("Campaigns
-at scale"), holds the shard table, the merged totals and what a nightly of NIGHTLY_KILLS landed kills
-costs, sized from them. ``scripts/readme_figures.py`` renders it too, and
-``tests/test_readme_figures.py`` compares it with the store.
+and, from reports that have them, ``other_deaths`` (every worker death the nemesis did not plan)
+and ``faults`` (``{name: {"planned", "landed", "skipped"}}``)), from the ``run`` step's RSS samples
+and from the merge's and the report's timings. Reports without ``other_deaths`` counted every
+SIGKILL death in ``kills``: a store made from them says so (``"kill_count": "uncorrected"``) and so
+does the block.
 """
 from __future__ import annotations
 
@@ -38,10 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-PAGE = REPO / "docs" / "scale.md"  # the page that holds the block (linked from README.md)
-STORE = REPO / "docs" / "figures" / "proof.json"
-BEGIN, END = "<!-- proof:begin -->", "<!-- proof:end -->"
+from docfigures.common import FIGURES, REPO, child_env, load_1m, read_json, write_json
+
+STORE = FIGURES / "proof.json"
 CAMPAIGN_ID = "proof-20k"
 SHARDS = 4
 RUNS = 20_000
@@ -60,16 +51,6 @@ def campaign_args(runs: int = RUNS, jobs: int = JOBS) -> list[str]:
     return ["--mode", "random", "--seed", "2026", "--runs", str(runs), "--kill-mode", "both", "--jobs", str(jobs)]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return env
-
-
-def _load() -> float:
-    return round(os.getloadavg()[0], 2)
-
-
 # ---------------------------------------------------------------------------- run
 def run_shard(directory: Path, index: int, count: int = SHARDS, faults: str | None = None, runs: int = RUNS,
               jobs: int = JOBS) -> dict[str, Any]:
@@ -82,9 +63,9 @@ def run_shard(directory: Path, index: int, count: int = SHARDS, faults: str | No
             "--campaign-id", CAMPAIGN_ID, "--report", str(directory / f"shard-{index}")]
     record: dict[str, Any] = {"shard": [index, count], "faults": [f for f in faults.split(",") if f],
                               "command": "hermes-supervisor " + " ".join(argv), "date": time.strftime("%Y-%m-%d"),
-                              "jobs": jobs, "cores": os.cpu_count(), "load_1m": [_load(), None]}
+                              "jobs": jobs, "cores": os.cpu_count(), "load_1m": [load_1m(), None]}
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor", *argv], cwd=REPO, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor", *argv], cwd=REPO, env=child_env(),
                             stdin=subprocess.DEVNULL, start_new_session=True)
     at, last = None, None
     try:
@@ -108,7 +89,7 @@ def run_shard(directory: Path, index: int, count: int = SHARDS, faults: str | No
             proc.wait()
     record.update(exit=proc.returncode, wall_seconds=round(time.monotonic() - started, 1),
                   supervisor_rss_mib=[round(at, 1) if at is not None else None, round(last, 1) if last else None])
-    record["load_1m"][1] = _load()
+    record["load_1m"][1] = load_1m()
     (directory / f"shard-{index}.run.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return record
 
@@ -193,23 +174,23 @@ def store_from_directory(directory: Path, open_runs: int = 3) -> dict[str, Any]:
     """Merge DIRECTORY/shard-* into DIRECTORY/merged (timed), open it in Chromium if there is one, read it all."""
     shard_dirs = sorted((d for d in directory.glob("shard-*") if d.is_dir()), key=lambda d: d.name)
     if not shard_dirs:
-        raise SystemExit(f"proof_figures: no shard-* directories in {directory}")
+        raise SystemExit(f"proof: no shard-* directories in {directory}")
     merged_dir = directory / "merged"
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "supervisor", "merge", str(merged_dir), *map(str, shard_dirs)],
-                          cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=MERGE_TIMEOUT_S, check=False)
     merge_seconds = time.monotonic() - started
     if done.returncode == 2 or not (merged_dir / "report.json").is_file():
-        raise SystemExit(f"proof_figures: the merge was refused (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        raise SystemExit(f"proof: the merge was refused (exit {done.returncode}):\n{done.stderr[-3000:]}")
     report_open = None
     if open_runs > 0:
         opened = subprocess.run([sys.executable, "-m", "bench.report_open", str(merged_dir), "--runs", str(open_runs)],
-                                cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                 timeout=OPEN_TIMEOUT_S, check=False)
         report_open = parse_open_line(opened.stdout)
         if report_open is None:  # no browser, most often: the block then says nothing of the open time
-            print(f"proof_figures: the report's open time was not measured:\n{opened.stderr[-2000:]}", file=sys.stderr)
+            print(f"proof: the report's open time was not measured:\n{opened.stderr[-2000:]}", file=sys.stderr)
     shards = []
     for d in shard_dirs:
         run_file = d.with_name(d.name + ".run.json")
@@ -254,6 +235,7 @@ def sizing(stored: dict[str, Any]) -> dict[str, float]:
             "minutes": minutes, "per_shard": minutes / NIGHTLY_SHARDS}
 
 
+
 def render(stored: dict[str, Any]) -> str:
     merged, shards, machine = stored["merged"], stored["shards"], stored["machine"]
     corrected = stored["kill_count"] == "nemesis"
@@ -263,12 +245,12 @@ def render(stored: dict[str, Any]) -> str:
     where = ", ".join(x for x in (machine.get("where"), machine.get("load_1m") and
                                   "1-minute load {:g}–{:g}".format(*machine["load_1m"])) if x)
     cores = f"{machine['cores']}-core " if machine.get("cores") else ""
-    lines = [BEGIN, "<!-- generated by scripts/proof_figures.py from docs/figures/proof.json: do not edit by hand -->",
+    lines = [
              f"**{_article(planned)} {planned:,}-case proof.** {count} shards of one random campaign, each run on its "
              f"own with `--jobs {jobs}` on one {cores}machine{f' ({where})' if where else ''}, "
              f"{'`--faults` rotated across the shards' if any(s['faults'] for s in shards) else 'with no `--faults`'}"
-             f", then merged; measured {stored['date']} with these commands (`python scripts/proof_figures.py run "
-             "DIR` runs the shards, `python scripts/proof_figures.py store DIR` merges them and stores what this "
+             f", then merged; measured {stored['date']} with these commands (`python scripts/figures.py store proof "
+             "run DIR` runs the shards, `python scripts/figures.py store proof DIR` merges them and stores what this "
              "paragraph shows):", "", "```sh",
              f"hermes-supervisor chaos {' '.join(stored['args'])} \\",
              f"  --shard I/{count} [--faults F] --campaign-id {stored['campaign_id']} --report shard-I",
@@ -327,81 +309,39 @@ def render(stored: dict[str, Any]) -> str:
                   f"{merged['cases']:,} cases in {size['shard_wall']:,.0f} s of shard wall time "
                   f"({size['rate']:.1f} cases/s over the fault mix), so about {round(size['minutes'], -1):,.0f} "
                   f"runner-minutes: {NIGHTLY_SHARDS} shards of about {size['per_shard']:.0f} minutes each (the "
-                  f"slowest shard, {slowest_text}, sets the wall time{rotate}), plus each job's install.", END]
+                  f"slowest shard, {slowest_text}, sets the wall time{rotate}), plus each job's install."]
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------- the page's block
-def read_store(path: Path = STORE) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
+
+def block() -> str:
+    return render(read_json(STORE))
 
 
-def write_store(stored: dict[str, Any], path: Path = STORE) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(stored, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def read_block(text: str) -> str:
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"the page has no {BEGIN} ... {END} block")
-    return text[start:end + len(END)]
-
-
-def block(path: Path = STORE) -> str:
-    return render(read_store(path))
-
-
-def with_block(text: str) -> str:
-    return text.replace(read_block(text), block(), 1)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run the proof's shards into DIR")
-    run.add_argument("directory", type=Path)
-    run.add_argument("--shard", type=int, action="append", help="only these shards (repeatable; default all)")
-    run.add_argument("--runs", type=int, default=RUNS, help=f"planned cases of the whole campaign (default {RUNS})")
-    run.add_argument("--jobs", type=int, default=JOBS, help=f"each shard's --jobs (default {JOBS})")
-    run.add_argument("--no-faults", action="store_true", help="no --faults on any shard (a smoke run of the steps)")
-    store = commands.add_parser("store", help="merge DIR's shards, store their figures, render docs/scale.md's block")
-    store.add_argument("directory", type=Path)
-    store.add_argument("--open-runs", type=int, default=3, help="samples of the merged report's open time (0: skip)")
-    store.add_argument("--store", type=Path, default=STORE, help="where to store the figures")
-    store.add_argument("--no-readme", action="store_true", help="do not rewrite docs/scale.md's block")
-    store.add_argument("--note", default=None,
-                       help="one paragraph saying how this run differed from the commands (shown above the table)")
-    commands.add_parser("print", help="print the block rendered from the store")
-    commands.add_parser("check", help="exit 1 if docs/scale.md's block differs from the store")
-    args = parser.parse_args(argv)
-    if args.command == "run":
+def store(argv: list[str]) -> None:
+    """`run DIR ...` runs the shards; `DIR ...` merges them and stores the figures."""
+    parser = argparse.ArgumentParser(prog="figures.py store proof")
+    if argv[:1] == ["run"]:
+        parser.add_argument("directory", type=Path)
+        parser.add_argument("--shard", type=int, action="append", help="only these shards (repeatable; default all)")
+        parser.add_argument("--runs", type=int, default=RUNS, help=f"planned cases of the whole campaign ({RUNS})")
+        parser.add_argument("--jobs", type=int, default=JOBS, help=f"each shard's --jobs (default {JOBS})")
+        parser.add_argument("--no-faults", action="store_true", help="no --faults on any shard (a smoke run)")
+        args = parser.parse_args(argv[1:])
         args.directory.mkdir(parents=True, exist_ok=True)
         for index in args.shard or range(1, SHARDS + 1):
             record = run_shard(args.directory, index, faults="" if args.no_faults else None, runs=args.runs,
                                jobs=args.jobs)
-            print(f"proof_figures: shard {index}/{SHARDS} exited {record['exit']} after {record['wall_seconds']} s",
+            print(f"proof: shard {index}/{SHARDS} exited {record['exit']} after {record['wall_seconds']} s",
                   file=sys.stderr)
-        return 0
-    if args.command == "store":
-        stored = store_from_directory(args.directory, args.open_runs)
-        if args.note:
-            stored["note"] = args.note
-        write_store(stored, args.store)
-        rendered = render(stored)
-        if not args.no_readme and args.store == STORE:
-            PAGE.write_text(PAGE.read_text(encoding="utf-8").replace(
-                read_block(PAGE.read_text(encoding="utf-8")), rendered, 1), encoding="utf-8")
-        print(rendered)
-        return 0
-    if args.command == "print":
-        print(block())
-        return 0
-    same = read_block(PAGE.read_text(encoding="utf-8")) == block()
-    print("docs/scale.md's proof block matches docs/figures/proof.json" if same else
-          "docs/scale.md's proof block differs from docs/figures/proof.json: run `python scripts/readme_figures.py --stored`")
-    return 0 if same else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--open-runs", type=int, default=3, help="samples of the merged report's open time (0: skip)")
+    parser.add_argument("--store", type=Path, default=STORE, help="where to store the figures")
+    parser.add_argument("--note", default=None,
+                        help="one paragraph saying how this run differed from the commands (shown above the table)")
+    args = parser.parse_args(argv)
+    stored = store_from_directory(args.directory, args.open_runs)
+    if args.note:
+        stored["note"] = args.note
+    write_json(args.store, stored)
