@@ -40,6 +40,7 @@ from supervisor.chaos.campaign import summarize
 from supervisor.chaos.checker.verdict import VIOLATION_CLASSES
 from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.nemesis.lazyfs import LazyFS, LazyFSServer, why_unavailable
+from supervisor.chaos.nemesis.powerloss import PowerLoss
 from supervisor.chaos.runner import CaseRunner
 
 SCENARIO = "single-tool"
@@ -112,7 +113,7 @@ def _timed() -> Iterator[_Timers]:
     timers = _Timers()
     patches = [(LazyFS, "start", "start", None), (LazyFS, "crash", "crash", None), (LazyFS, "remount", "remount", None),
                (LazyFS, "close", "close", None), (LazyFSServer, "close", "server exit", timers.read_server_cpu),
-               (CaseRunner, "run", "case", None), (CaseRunner, "_power_cut", "cut", None),
+               (CaseRunner, "run", "case", None), (PowerLoss, "on_kill", "cut", None),
                (runner_module, "snapshot_and_ask", "snapshot", None)]
     saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _, _ in patches]
     try:
@@ -253,7 +254,7 @@ def _where_extra(report: Report, scenario: str, a: list[Sample], b: list[Sample]
              ("lazyfs crash request", part(b, "crash"),
               f"LazyFS.crash, {count['crash']:.2f} a case: the server applies the crash state"),
              ("rest of each cut (kills, snapshots before/after, integrity)", cut_rest,
-              f"CaseRunner._power_cut ({count['cut']:.2f} a case) less the lazyfs calls above: kill the case's "
+              f"PowerLoss.on_kill ({count['cut']:.2f} a case) less the lazyfs calls above: kill the case's "
               "other processes, a snapshot through the mount before the cut and after it, PRAGMA integrity_check, "
               "the ledger's keys"),
              ("snapshots outside cuts, B less A", snapshots,
