@@ -1,0 +1,89 @@
+"""scripts/mutation: the mutation score of the verdict.
+
+    scripts/mutation run [--shard I/N] [--module M ...] [--group G ...] [--work DIR] [--limit K]
+    scripts/mutation merge DIR_OR_FILE... [--out docs/figures/mutation.json]
+    scripts/mutation render [--check]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mutation import launch, mutants, score, tree
+
+FIGURE = Path("docs/figures/mutation.json")
+DOC = Path("docs/chaos.md")
+TRIAGE = Path("mutation/triage.toml")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scripts/mutation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    run = verbs.add_parser("run", help="run a shard of the core's mutants (results reused while unchanged)")
+    run.add_argument("--shard", type=mutants.parse_shard, default=(1, 1))
+    run.add_argument("--module", action="append", help="a core module (path); default every one")
+    run.add_argument("--group", action="append", choices=sorted(launch.GROUPS),
+                     help="campaign groups of the oracle; default all")
+    run.add_argument("--work", type=Path, default=Path(".mutation"))
+    run.add_argument("--limit", type=int, help="run at most this many new mutants (the rest stay unrun)")
+    run.add_argument("--scenario", action="append",
+                     help="narrow the oracle to these scenarios (default every one; the figure says so)")
+    run.add_argument("--source", type=Path, help="the tree to measure (default: this working tree); "
+                     "a frozen copy keeps edits made meanwhile out of the run")
+    merge = verbs.add_parser("merge", help="join shard results into the figure")
+    merge.add_argument("inputs", type=Path, nargs="+")
+    merge.add_argument("--out", type=Path, default=FIGURE)
+    render = verbs.add_parser("render", help="write the figure into docs/chaos.md")
+    render.add_argument("--check", action="store_true", help="exit 1 when docs/chaos.md is not up to date")
+    verbs.add_parser("list", help="the core's modules and how many mutants each makes")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    root = tree.project_root()
+    if args.verb == "run":
+        from mutation.run import run_shard
+
+        groups = args.group or list(launch.GROUPS)
+        groups = [g for g in launch.GROUPS if g in groups]
+        core = tree.core_modules(root)
+        unknown = [m for m in args.module or () if m not in core]
+        if unknown:
+            print(f"not a core module: {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        source = args.source.resolve() if args.source else root
+        out = run_shard(source, (root / args.work).resolve(), args.shard, args.module, groups,
+                        log=lambda line: print(line, flush=True), limit=args.limit,
+                        scenarios=args.scenario)
+        print(f"results: {out}")
+        return 0
+    if args.verb == "merge":
+        merged = score.merge(score.read_shards(args.inputs))
+        fig = score.figures(merged, score.load_triage(root / TRIAGE))
+        out = args.out if args.out.is_absolute() else root / args.out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(fig, indent=1, sort_keys=True) + "\n")
+        print(f"figure: {out}")
+        return 0
+    if args.verb == "render":
+        fig = json.loads((root / FIGURE).read_text())
+        text = (root / DOC).read_text()
+        wanted = score.splice(text, score.render(fig))
+        if args.check:
+            if wanted != text:
+                print(f"{DOC} is not rendered from {FIGURE}: run scripts/mutation render", file=sys.stderr)
+                return 1
+            return 0
+        (root / DOC).write_text(wanted)
+        return 0
+    for module in tree.core_modules(root):
+        print(f"{len(mutants.enumerate_module(root, module)):5} {module}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

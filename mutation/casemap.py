@@ -1,0 +1,158 @@
+"""Which campaign cases execute which line of the core: the oracle runs only those for a mutant.
+
+Built once per code version: each group's whole campaign (launch.GROUPS) runs with the workers
+importing a copy of the tree whose `sitecustomize.py` starts coverage.py in every worker
+process and saves it per pid at exit, `os._exit` included. Workers are fresh interpreters
+here (no fork-server template), so each pid's data is its own. A worker killed by SIGKILL
+saves nothing, but until its kill it ran a prefix of its scenario's fault-free run, so a case
+is credited with the lines of its scenario's fault-free case plus those of its own surviving
+workers (recovery, the paused worker let go, the restarts after a power cut). That over-
+approximates, which costs time, never a missed kill. Lines that only the supervisor runs (the
+checker's snapshot reader) are in no case: the supervisor is never mutated.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from mutation import launch, tree
+
+SITECUSTOMIZE = '''\
+# Written by mutation.casemap into its private copy of the tree only.
+import os as _os
+if _os.environ.get("MUTATION_COVERAGE_DIR"):
+    import atexit as _atexit
+    import coverage as _coverage
+    _include = _os.environ["MUTATION_COVERAGE_INCLUDE"].split(_os.pathsep)
+    _cov = _coverage.Coverage(data_file=_os.path.join(_os.environ["MUTATION_COVERAGE_DIR"], f"cov.{_os.getpid()}"),
+                              include=_include, config_file=False)
+    _cov.start()
+    _real_exit = _os._exit
+    def _save():
+        try:
+            _cov.stop()
+            _cov.save()
+        except Exception:
+            pass
+    def _exit(code, _real=_real_exit):
+        _save()
+        _real(code)
+    _os._exit = _exit
+    _atexit.register(_save)
+'''
+
+
+def build(pristine: Path, work: Path, groups: list[str], *, jobs: int = 2,
+          scenarios: list[str] | None = None) -> dict[str, Any]:
+    """Run each group's campaign (over `scenarios`, default every one) under coverage; the map of
+    core lines to the cases running them."""
+    files = tree.listed_files(pristine)
+    copy = tree.copy_tree(pristine, work / "casemap-tree", files)
+    (copy / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    core = tree.core_modules(copy)
+    result: dict[str, Any] = {"code_version": tree.code_version(pristine, files), "groups": {},
+                              "scenarios": scenarios or []}
+    for group in groups:
+        data_dir = work / "coverage" / group
+        data_dir.mkdir(parents=True, exist_ok=True)
+        for stale in data_dir.glob("cov.*"):
+            stale.unlink()
+        os.environ["MUTATION_COVERAGE_DIR"] = str(data_dir)
+        os.environ["MUTATION_COVERAGE_INCLUDE"] = os.pathsep.join(str(copy / m) for m in core)
+        started = time.monotonic()
+        try:
+            outcome = launch.run_group(copy, group, [], stop_on_fail=False, jobs=jobs, forkserver=False,
+                                       scenarios=scenarios)
+        finally:
+            os.environ.pop("MUTATION_COVERAGE_DIR", None)
+            os.environ.pop("MUTATION_COVERAGE_INCLUDE", None)
+        result["groups"][group] = _group_map(copy, data_dir, outcome, time.monotonic() - started)
+    return result
+
+
+def _group_map(copy: Path, data_dir: Path, outcome: launch.Outcome, seconds: float) -> dict[str, Any]:
+    import coverage
+
+    from supervisor.chaos.generator import Case
+
+    lines_of_pid: dict[int, dict[str, set[int]]] = {}
+    for path in data_dir.glob("cov.*"):
+        data = coverage.CoverageData(basename=str(path))
+        data.read()
+        per_file: dict[str, set[int]] = {}
+        for measured in data.measured_files():
+            rel = str(Path(measured).relative_to(copy))
+            per_file[rel] = set(data.lines(measured) or ())
+        lines_of_pid[int(path.name.split(".")[1])] = per_file
+    per_case: dict[str, dict[str, set[int]]] = {c: {} for c in outcome.ran}
+    for pid, case_id in outcome.spawned:
+        for rel, lines in lines_of_pid.get(pid, {}).items():
+            per_case.setdefault(case_id, {}).setdefault(rel, set()).update(lines)
+    baseline = {cid: Case.parse(cid).scenario for cid in per_case}
+    for case_id, scenario in baseline.items():
+        fault_free = per_case.get(Case(scenario).case_id, {})
+        for rel, lines in fault_free.items():
+            per_case[case_id].setdefault(rel, set()).update(lines)
+    # Fault-free cases first, then kill cases in plan order: a mutant's first failure comes early.
+    order = sorted(per_case, key=lambda c: (Case.parse(c).fault is not None, outcome.ran.index(c)
+                                            if c in outcome.ran else len(outcome.ran)))
+    index = {c: i for i, c in enumerate(order)}
+    lines: dict[str, dict[str, list[int]]] = {}
+    for case_id, files in per_case.items():
+        for rel, numbers in files.items():
+            for n in numbers:
+                lines.setdefault(rel, {}).setdefault(str(n), []).append(index[case_id])
+    for per_line in lines.values():
+        for cases in per_line.values():
+            cases.sort()
+    return {"cases": order, "case_seconds": [outcome.case_seconds.get(c, 0.0) for c in order],
+            "failed": outcome.failed, "seconds": round(seconds, 1), "lines": lines}
+
+
+def save(casemap: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(casemap, separators=(",", ":"), sort_keys=True))
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def statement_lines(source: str, changed: set[int]) -> set[int]:
+    """The lines coverage.py reports for `changed` lines: each one's own number and the first line
+    of the innermost statement holding it (a multi-line statement is reported by its first)."""
+    found = set(changed)
+    statements = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.stmt)]
+    for line in changed:
+        holding = [s for s in statements if s.lineno <= line <= (s.end_lineno or s.lineno)]
+        if holding:
+            found.add(max(holding, key=lambda s: s.lineno).lineno)
+    return found
+
+
+def cases_for(casemap: dict[str, Any], module: str, lines: set[int]) -> dict[str, list[str]]:
+    """Per group (in the oracle's order), the cases that execute any of `lines` of `module`."""
+    chosen: dict[str, list[str]] = {}
+    for group in launch.GROUPS:
+        entry = casemap["groups"].get(group)
+        if entry is None:
+            continue
+        per_line = entry["lines"].get(module, {})
+        indexes = sorted({i for n in lines for i in per_line.get(str(n), ())})
+        if indexes:
+            chosen[group] = [entry["cases"][i] for i in indexes]
+    return chosen
+
+
+def estimated_seconds(casemap: dict[str, Any], chosen: dict[str, list[str]]) -> float:
+    """What running every chosen case took in the map's own run (under coverage, so an upper bound)."""
+    total = 0.0
+    for group, cases in chosen.items():
+        entry = casemap["groups"][group]
+        seconds = dict(zip(entry["cases"], entry["case_seconds"]))
+        total += sum(seconds.get(c, 1.0) for c in cases)
+    return total

@@ -1,0 +1,116 @@
+"""Run given campaign cases in this process, with the workers importing another tree.
+
+This process is the supervisor: it imports the harness and its checker from wherever it was
+started (the pristine copy), and points the process pool at `worker_tree`, so the worker
+template, every forked worker and every resumed worker import the runtime from there (the
+pool puts its REPO_ROOT first on the workers' PYTHONPATH and starts them in it).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The campaigns of the oracle, cheapest first: every exhaustive case on SQLite, the pause mode,
+# power cuts (the code only a lost unsynced write exercises) and the PostgreSQL engine.
+GROUPS: dict[str, dict[str, Any]] = {
+    "sqlite": {"mode": "exhaustive"},
+    "pause": {"mode": "pause"},
+    "power-loss": {"mode": "exhaustive", "faults": ("power-loss",)},
+    "postgres": {"mode": "exhaustive", "store": "postgres"},
+}
+
+
+_running: list[Any] = []  # the campaign run_group is running, for stop_running
+
+
+def stop_running(reason: str) -> None:
+    """Stop the campaign under way (from a signal handler): its workers are killed by pid."""
+    for campaign in list(_running):
+        campaign.stop(reason)
+
+
+@dataclass
+class Outcome:
+    """What the cases of one group said about the code the workers ran."""
+    ran: list[str] = field(default_factory=list)
+    failed: str | None = None        # the first case whose campaign would fail
+    why: list[str] = field(default_factory=list)  # its violated invariants, or why it was not judged
+    spawned: list[tuple[int, str]] = field(default_factory=list)  # (worker pid, case id)
+    case_seconds: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    timed_out: bool = False
+
+
+def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fail: bool = True,
+              deadline: float | None = None, jobs: int = 2, forkserver: bool = True,
+              scenarios: list[str] | None = None) -> Outcome:
+    """Run `case_ids` of `group` (an empty list: the group's whole campaign); stop at the first
+    case that fails when `stop_on_fail`, and at `deadline` (time.monotonic()) in any case."""
+    from supervisor.chaos.campaign import Campaign
+    from supervisor.chaos.config import CampaignConfig
+    from supervisor.chaos.scenarios import SCENARIOS
+    from supervisor.procs import pool
+    from supervisor.procs.pool import Pool
+
+    spec = GROUPS[group]
+    outcome = Outcome()
+    lock = threading.Lock()
+    real_spawn = Pool.spawn
+
+    def spawn(self: Pool, args: list[str], **kwargs: Any) -> Any:
+        proc = real_spawn(self, args, **kwargs)
+        with lock:
+            outcome.spawned.append((proc.pid, kwargs.get("label") or ""))
+        return proc
+
+    config = CampaignConfig(scenarios=scenarios or sorted(SCENARIOS), mode=spec["mode"], jobs=jobs,
+                            case_ids=tuple(case_ids), faults=tuple(spec.get("faults", ())),
+                            store=spec.get("store", "sqlite"), forkserver=forkserver,
+                            workdir=Path(tempfile.mkdtemp(prefix="hermes-mutation-")))
+    holder: dict[str, Campaign] = {}
+
+    def on_result(result: Any) -> None:
+        with lock:
+            outcome.ran.append(result.case.case_id)
+            outcome.case_seconds[result.case.case_id] = round(result.seconds, 3)
+            valid = result.verdict.valid
+            if valid is True or outcome.failed is not None:
+                return
+            outcome.failed = result.case.case_id
+            if valid is False:
+                outcome.why = sorted({v.invariant for v in result.verdict.violations})
+            else:
+                outcome.why = ["unjudged:" + ",".join(sorted(str(r) for r in result.verdict.reasons) or ["unknown"])]
+        if stop_on_fail:
+            holder["campaign"].stop("mutant killed")
+
+    started = time.monotonic()
+    # child_env and the pool read REPO_ROOT at each start: the workers' PYTHONPATH and directory.
+    repo_root, pool.REPO_ROOT = pool.REPO_ROOT, worker_tree
+    Pool.spawn = spawn  # type: ignore[method-assign]
+    watchdog: threading.Timer | None = None
+    try:
+        campaign = holder["campaign"] = Campaign(config, on_result=on_result)
+        _running.append(campaign)
+        if deadline is not None:
+            def expire() -> None:
+                outcome.timed_out = True
+                campaign.stop("deadline")
+            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
+            watchdog.daemon = True
+            watchdog.start()
+        campaign.run()
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        _running.clear()
+        Pool.spawn = real_spawn  # type: ignore[method-assign]
+        pool.REPO_ROOT = repo_root
+        shutil.rmtree(config.workdir, ignore_errors=True)  # type: ignore[arg-type]
+    outcome.seconds = time.monotonic() - started
+    return outcome

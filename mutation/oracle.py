@@ -1,0 +1,105 @@
+"""The test command cosmic-ray runs for one mutant: the campaign cases that execute the mutated
+line, stopped at the first that fails.
+
+    python -m mutation.oracle --pristine P --mutant-tree M --map MAP --result OUT [--budget S]
+
+It runs from the pristine copy P (the supervisor and its checker are never mutated), finds the
+one core module of M that differs from P, the lines the mutation changed, and, from the case
+map, the cases of each campaign group that execute them; then runs them with the workers
+importing M. Exit status (cosmic-ray's reading): 1 killed (a case's campaign would fail:
+a violated invariant, or a case that could not be judged, which fails a campaign too), 0
+survived (including "no case executes the line"), 3 when the budget ran out before a verdict.
+OUT gets the details as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import difflib
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mutation import casemap, launch, tree
+
+EXIT_SURVIVED, EXIT_KILLED, EXIT_TIMEOUT = 0, 1, 3
+
+
+def mutated(pristine: Path, mutant_tree: Path) -> tuple[str, set[int]] | None:
+    """The core module that differs, and its changed lines (numbered as in the pristine file)."""
+    for module in tree.core_modules(pristine):
+        before, after = (pristine / module).read_text(), (mutant_tree / module).read_text()
+        if before == after:
+            continue
+        old, new = before.splitlines(), after.splitlines()
+        changed: set[int] = set()
+        for tag, i1, i2, _j1, _j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+            if tag != "equal":
+                changed.update(range(i1 + 1, max(i2, i1 + 1) + 1) if i2 > i1 else {i1 + 1, max(i1, 1)})
+        return module, casemap.statement_lines(before, {n for n in changed if 1 <= n <= len(old)})
+    return None
+
+
+def judge(pristine: Path, mutant_tree: Path, the_map: dict[str, Any], budget: float) -> dict[str, Any]:
+    started = time.monotonic()
+    found = mutated(pristine, mutant_tree)
+    if found is None:
+        return {"outcome": "no-mutation"}
+    module, lines = found
+    chosen = casemap.cases_for(the_map, module, lines)
+    report: dict[str, Any] = {"module": module, "lines": sorted(lines),
+                              "cases": {g: len(c) for g, c in chosen.items()}}
+    if not chosen:
+        return dict(report, outcome="unexecuted")
+    deadline = started + budget
+    ran = 0
+    for group, cases in chosen.items():
+        try:
+            outcome = launch.run_group(mutant_tree, group, cases, deadline=deadline)
+        except Exception as exc:  # noqa: BLE001 - the campaign a user runs would crash: it does not pass
+            return dict(report, outcome="killed", group=group, case=None, by=[f"campaign-crashed:{type(exc).__name__}"],
+                        ran=ran, seconds=round(time.monotonic() - started, 2))
+        ran += len(outcome.ran)
+        if outcome.failed is not None:
+            return dict(report, outcome="killed", group=group, case=outcome.failed, by=outcome.why,
+                        ran=ran, seconds=round(time.monotonic() - started, 2))
+        if outcome.timed_out:
+            return dict(report, outcome="timeout", group=group, ran=ran,
+                        seconds=round(time.monotonic() - started, 2))
+    return dict(report, outcome="survived", ran=ran, seconds=round(time.monotonic() - started, 2))
+
+
+def _stop_with_driver() -> None:
+    """SIGTERM (also sent when the process that started this one dies) stops the campaign cleanly:
+    cosmic-ray starts the oracle in a session of its own, so nothing else would end its workers."""
+    def stop(signum: int, _frame: Any) -> None:
+        launch.stop_running(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mutation.oracle")
+    parser.add_argument("--pristine", type=Path, required=True)
+    parser.add_argument("--mutant-tree", type=Path, required=True)
+    parser.add_argument("--map", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--budget", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    _stop_with_driver()
+    verdict = judge(args.pristine.resolve(), args.mutant_tree.resolve(), casemap.load(args.map), args.budget)
+    args.result.write_text(json.dumps(verdict, sort_keys=True))
+    print(json.dumps(verdict, sort_keys=True))
+    return {"killed": EXIT_KILLED, "timeout": EXIT_TIMEOUT}.get(verdict["outcome"], EXIT_SURVIVED)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

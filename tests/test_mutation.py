@@ -1,0 +1,193 @@
+"""The mutation score of the verdict (the `mutation` package, scripts/mutation).
+
+Unit tests of what decides the score (stable ids, shards, merge, the reviewed triage), the
+drift test of the block docs/chaos.md shows, and a small fixed sample of real durability
+bugs made by cosmic-ray's operators, each of which the campaign oracle must kill.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mutation import casemap, mutants, oracle, score, tree
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------ ids and shards
+SOURCE = textwrap.dedent("""\
+    def f(a, b):
+        if a == b:
+            return a + 1
+        return a + 1
+""")
+
+
+def _ids(root: Path) -> list[str]:
+    return [m.id for m in mutants.enumerate_module(root, "m.py")]
+
+
+def test_a_mutant_keeps_its_id_when_lines_move(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(SOURCE)
+    before = _ids(tmp_path)
+    (tmp_path / "m.py").write_text("import os\n\n\n" + SOURCE)
+    after = [m for m in mutants.enumerate_module(tmp_path, "m.py") if "import" not in m.line_text]
+    assert before and [m.id for m in after if m.id in before] == before
+    # The two identical `return a + 1` lines: same text, told apart by their rank.
+    same = [m for m in after if m.line_text == "return a + 1" and m.operator == "core/ReplaceBinaryOperator_Add_Sub"]
+    assert [m.rank for m in same] == [0, 1] and len({m.id for m in same}) == 2
+
+
+def test_shards_split_the_mutants_without_overlap() -> None:
+    ids = [f"hermes/x.py:op:{i:010d}:0" for i in range(500)]
+    for count in (1, 3, 7):
+        parts = [{i for i in ids if mutants.in_shard(i, (k, count))} for k in range(1, count + 1)]
+        assert sum(len(p) for p in parts) == len(ids) and set().union(*parts) == set(ids)
+    with pytest.raises(ValueError):
+        mutants.parse_shard("4/3")
+
+
+# ------------------------------------------------------------ merge and triage
+def _shard(index: int, count: int, outcomes: dict[str, str], oracle_version: str = "o1") -> dict[str, Any]:
+    return {"tool": "cosmic-ray test", "oracle": oracle_version, "groups": ["sqlite"], "shard": [index, count],
+            "modules": {"hermes/x.py": {"digest": "d1", "made": 3, "mutants": {
+                k: {"outcome": v, "operator": "core/AddNot", "line": 1, "line_text": k, "seconds": 2.0}
+                for k, v in outcomes.items()}}}}
+
+
+def test_merge_joins_shards_and_refuses_mixed_oracles() -> None:
+    merged = score.merge([_shard(1, 2, {"a": "killed"}), _shard(2, 2, {"b": "survived", "c": "killed"})])
+    record = merged["modules"]["hermes/x.py"]
+    assert set(record["mutants"]) == {"a", "b", "c"} and not record["incomplete"]
+    assert score.merge([_shard(1, 2, {"a": "killed"})])["modules"]["hermes/x.py"]["incomplete"]
+    with pytest.raises(score.MergeError):
+        score.merge([_shard(1, 2, {}), _shard(2, 2, {}, oracle_version="o2")])
+    with pytest.raises(score.MergeError):
+        score.merge([_shard(1, 2, {}), _shard(1, 2, {})])
+
+
+def test_triage_counts_only_entries_that_match_a_surviving_mutant(tmp_path: Path) -> None:
+    line = "if not turn.flush(messages):"
+    survivor_id = score.triage_key("hermes/x.py", "core/AddNot", line, 0)
+    killed_id = score.triage_key("hermes/x.py", "core/AddNot", "x = 1", 0)
+    shard = _shard(1, 1, {survivor_id: "survived", killed_id: "killed"})
+    (tmp_path / "t.toml").write_text(textwrap.dedent(f"""\
+        [[equivalent]]
+        module = "hermes/x.py"
+        operator = "core/AddNot"
+        line = "{line}"
+        reason = "test"
+
+        [[equivalent]]
+        module = "hermes/x.py"
+        operator = "core/AddNot"
+        line = "x = 1"
+        reason = "killed, so this entry is stale"
+    """))
+    fig = score.figures(score.merge([shard]), score.load_triage(tmp_path / "t.toml"))
+    row = fig["modules"]["hermes/x.py"]
+    assert (row["killed"], row["equivalent"], row["survived"]) == (1, 1, 0)
+    assert [e["id"] for e in row["equivalents"]] == [survivor_id]
+    assert fig["stale_triage"] == [{"kind": "equivalent", "module": "hermes/x.py", "line": "x = 1",
+                                    "operator": "core/AddNot"}]
+    (tmp_path / "bad.toml").write_text('[[equivalent]]\nmodule = "m"\noperator = "o"\nline = "l"\nreason = " "\n')
+    with pytest.raises(ValueError):
+        score.load_triage(tmp_path / "bad.toml")
+
+
+def test_the_reviewed_triage_file_parses() -> None:
+    found = score.load_triage(REPO / "mutation" / "triage.toml")
+    assert set(found["rules"]) <= {"annotation"}  # the outcomes mutation.run gives without running
+    for kind in (found["equivalent"], found["survivor"]):
+        for entry in kind.values():
+            assert entry["module"] in tree.core_modules(REPO), entry
+
+
+def test_docs_show_the_stored_mutation_figure() -> None:
+    """docs/chaos.md's block is rendered from docs/figures/mutation.json (scripts/mutation render)."""
+    fig = json.loads((REPO / "docs" / "figures" / "mutation.json").read_text())
+    text = (REPO / "docs" / "chaos.md").read_text()
+    assert score.splice(text, score.render(fig)) == text, "run scripts/mutation render"
+
+
+def test_the_oracle_finds_the_mutated_statement(tmp_path: Path) -> None:
+    pristine, mutant = tmp_path / "p", tmp_path / "m"
+    module = "hermes/finalizer.py"
+    for root in (pristine, mutant):
+        (root / module).parent.mkdir(parents=True)
+        shutil.copy(REPO / module, root / module)
+    source = (REPO / module).read_text()
+    number = source.splitlines().index("    if not turn.flush(messages):") + 1
+    (mutant / module).write_text(source.replace("    if not turn.flush(messages):", "    if turn.flush(messages):"))
+    assert oracle.mutated(pristine, mutant) == (module, {number})
+    # A change inside a statement spread over lines is reported by the statement's first line too.
+    assert casemap.statement_lines("x = f(\n    1,\n    2)\n", {3}) == {1, 3}
+
+
+def test_the_nightly_mutation_jobs_cover_every_shard_and_merge_them() -> None:
+    """Job `mutation` runs shard I/N for every I of its matrix (N its size), job `mutation-merge`
+    joins what they upload; both command lines parse as scripts/mutation takes them."""
+    import re
+    import shlex
+
+    import yaml
+
+    from mutation.__main__ import _parser
+
+    flow = yaml.safe_load((REPO / ".github" / "workflows" / "chaos-nightly.yml").read_text())
+    job, merge = flow["jobs"]["mutation"], flow["jobs"]["mutation-merge"]
+    shards = job["strategy"]["matrix"]["shard"]
+    run = next(s for s in job["steps"] if s.get("name") == "Run the mutation shard")["run"]
+    count = int(re.search(r'--shard "\$SHARD/(\d+)"', run).group(1))
+    assert sorted(shards) == list(range(1, count + 1))
+    for shard in shards:
+        line = re.search(r"scripts/mutation (run .*)", run).group(1).replace("$SHARD", str(shard))
+        assert _parser().parse_args(shlex.split(line)).shard == (shard, count)
+    merged = next(s for s in merge["steps"] if s.get("name") == "Merge the mutation shards")["run"]
+    args = _parser().parse_args(shlex.split(re.search(r"scripts/mutation (merge .*)", merged).group(1)))
+    assert args.verb == "merge" and merge["needs"] == "mutation"
+
+
+# ------------------------------------------------------------ the CI sample
+# Real durability bugs, each made by one of cosmic-ray's operators on one line of the core, and a
+# case of the campaign that must catch it: (module, operator, the line's text, case id).
+SAMPLE = [
+    # A flush that succeeded is taken for a failed one: the turn is reported failed and never reaches
+    # finalize.after, so the kill planned there never fires (`coverage`).
+    ("hermes/finalizer.py", "core/ReplaceUnaryOperator_Delete_Not", "if not turn.flush(messages):",
+     "single-tool/probe:self@finalize.after:1@t0p0"),
+    # No dispatch intent is ever written: tools run with nothing durable saying they might have.
+    ("hermes/store/dispatches.py", "core/ZeroIterationForLoop", "for i in intents:", "single-tool/fault-free"),
+    # Recovery reruns an at-most-once call whose outcome is unknown, and records idempotent ones as unknown.
+    ("hermes/resume.py", "core/ReplaceComparisonOperator_Eq_NotEq",
+     'if intent is None or intent["policy"] == IDEMPOTENT:', "writes/probe:self@tool.dispatch.after:1@t0p0"),
+    # A new effects ledger never gets its tables: no execution of any tool is recorded.
+    ("worker/ledger.py", "core/AddNot",
+     "if present < 2:  # a new ledger (or one left half-made): create what is missing, in one transaction",
+     "single-tool/fault-free"),
+]
+
+
+@pytest.mark.parametrize("module,operator,line,case_id", SAMPLE, ids=[s[0] for s in SAMPLE])
+def test_the_campaign_oracle_kills_the_sample_mutant(tmp_path: Path, module: str, operator: str, line: str,
+                                                      case_id: str) -> None:
+    from cosmic_ray.mutating import apply_mutation
+    from cosmic_ray.plugins import get_operator
+
+    found = [m for m in mutants.enumerate_module(REPO, module) if m.operator == operator and m.line_text == line]
+    assert len(found) == 1, f"the sample mutant is gone from {module}: update SAMPLE"
+    mutant = found[0]
+    copy = tree.copy_tree(REPO, tmp_path / "tree")
+    _, mutated = apply_mutation(copy / module, get_operator(operator)(), mutant.occurrence)
+    assert mutated is not None
+    # A case map holding just the sample's case, for that line: the oracle's own path from there.
+    the_map = {"groups": {"sqlite": {"cases": [case_id], "case_seconds": [1.0],
+                                     "lines": {module: {str(mutant.line): [0]}}}}}
+    verdict = oracle.judge(REPO, copy, the_map, budget=120)
+    assert verdict["outcome"] == "killed", verdict
+    assert verdict["case"] == case_id and verdict["by"], verdict
