@@ -44,6 +44,7 @@ from supervisor.chaos.checker import (
     result_fidelity,
     sanitize_pure,
     stream_honesty,
+    outcome_honesty,
     turn_liveness,
     twin_transcript,
     well_formed,
@@ -555,6 +556,42 @@ def test_turn_liveness_fails_on_a_failure_with_no_reason(scenario: Scenario) -> 
     scenario.finish("t1", "failed")
     violation = failing(turn_liveness(scenario.db_path, [], Expectation(turns=1)), "turn-liveness")
     assert "without a recorded reason" in violation.message
+
+
+# ============================================================= outcome-honesty
+def _outcome(turn_id: str, outcome: str, incarnation: int = 1, **result: Any) -> dict[str, Any]:
+    return {"case": "c", "incarnation": incarnation, "type": "outcome",
+            "result": {"outcome": outcome, "session": SID, "turn_id": turn_id, **result}}
+
+
+def test_outcome_honesty_holds_when_reports_match_the_store(scenario: Scenario) -> None:
+    build_clean(scenario)
+    verdict = outcome_honesty(scenario.db_path, [
+        _outcome("t1", "failed", failure_reason="session_persistence_failed:lease", error="lease lost"),
+        _outcome("t1", "completed", 2), _outcome("t2", "completed", 3), _outcome("t1", "nothing to resume", 4)])
+    holds(verdict)
+    assert verdict.counts["outcomes"] == 3
+
+
+def test_outcome_honesty_fails_on_a_failure_reported_without_a_reason(scenario: Scenario) -> None:
+    build_clean(scenario)
+    violation = failing(outcome_honesty(scenario.db_path, [_outcome("t1", "failed")]), "outcome-honesty")
+    assert "without saying why" in violation.message and violation.witness["outcome"]["turn_id"] == "t1"
+
+
+def test_outcome_honesty_fails_on_a_completion_the_store_does_not_hold(scenario: Scenario) -> None:
+    scenario.user("t1", "go")  # the turn is still running
+    violation = failing(outcome_honesty(scenario.db_path, [_outcome("t1", "completed")]), "outcome-honesty")
+    assert "durably it is running" in violation.message
+    failing(outcome_honesty(scenario.db_path, [_outcome("t9", "completed")]), "outcome-honesty")
+
+
+def test_outcome_honesty_leaves_a_completion_lost_to_a_normal_power_cut_to_that_invariant(scenario: Scenario) -> None:
+    scenario.user("t1", "go")
+    cut = {"case": "c", "type": "power_cut", "synchronous": "NORMAL"}
+    holds(outcome_honesty(scenario.db_path, [_outcome("t1", "completed"), cut]))
+    failing(outcome_honesty(scenario.db_path, [_outcome("t1", "completed"), {**cut, "synchronous": "FULL"}]),
+            "outcome-honesty")
 
 
 # ================================================================ fails-closed

@@ -143,7 +143,7 @@ def test_the_pool_refuses_a_pid_that_is_not_a_process_of_its_own(reply: dict) ->
     read_end, write_end = os.pipe()
     try:
         with pytest.raises(OSError, match="the worker template"):
-            server.fork(["run"], read_end, write_end)
+            server.fork(["run"], read_end, write_end, Path.cwd())
     finally:
         thread.join(5)
         for fd in (read_end, write_end):
@@ -162,7 +162,7 @@ def test_no_pid_of_1_or_less_is_ever_signalled(monkeypatch: pytest.MonkeyPatch) 
     assert signalled == []
 
     pool = Pool()
-    monkeypatch.setattr(pool, "_launch", lambda argv, fd: (0, io.BytesIO(), lambda: 0))
+    monkeypatch.setattr(pool, "_launch", lambda argv, fd, cwd: (0, io.BytesIO(), lambda: 0))
     with pytest.raises(OSError, match="refusing worker pid 0"):
         pool.spawn(["run"], incarnation=1, on_message=lambda p, m: None)
     assert pool.live() == [] and signalled == []

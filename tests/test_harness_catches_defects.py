@@ -187,6 +187,11 @@ DEFECT_CASES = [
         # fault-free baseline's completed turn has no answer row.
         "answer_never_flushed", "answer-never-flushed", BEFORE_LOOKUP,
         frozenset({"answer-once"}), at=None)),
+    _case("outcome-misreported", Defect(
+        # The answer is committed and the turn recorded done, then the worker reports the turn
+        # failed, with no reason: the store is right, the caller is told otherwise.
+        "outcome_misreported", "outcome-misreported", BEFORE_LOOKUP,
+        frozenset({"outcome-honesty"}), at=None)),
     _case("ledger-write-skipped", Defect(
         # lookup is idempotent, so its execution is never written to the ledger, and its
         # successful result has nothing behind it. Already in the fault-free baseline.

@@ -1,7 +1,8 @@
-"""Liveness: every turn ends, a worker on broken storage fails closed, and every planned fault landed.
+"""Liveness: every turn ends, what a worker says of its turn is true, a worker on broken storage
+fails closed, and every planned fault landed.
 
-turn-liveness, fails-closed and coverage: a case whose fault never landed tested nothing,
-and is "unknown", never a pass.
+turn-liveness, outcome-honesty, fails-closed and coverage: a case whose fault never landed
+tested nothing, and is "unknown", never a pass.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from supervisor.chaos.checker.kills import planned_kills
 from supervisor.chaos.checker.verdict import (
     COVERAGE,
     FAILS_CLOSED,
+    OUTCOME_HONESTY,
     TURN_LIVENESS,
     UNFIRED,
     UNKNOWN,
@@ -61,6 +63,44 @@ def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation 
     return verdict_of(TURN_LIVENESS, violations,
                       {"turns": len(d.turns), **{f"turns_{s}": n for s, n in sorted(states.items())},
                        "resumes": len(resumes), "max_resumes_per_turn": max(per_turn.values(), default=0)})
+
+
+def outcome_honesty(db: DB, events: Sequence[dict[str, Any]]) -> Verdict:
+    """What a worker reports of a turn (its `outcome`, the result its caller gets) is true of the
+    durable state: a turn reported completed is durably 'done' once the case is over, and a turn
+    reported failed says why (`failure_reason`). A caller told "failed" of a turn that was answered,
+    or "completed" of one that never durably ended, acts on a lie the transcript itself does not
+    show; turn-liveness and answer-once judge only the store. A completion followed by a power cut
+    at a level that documents losing the last commits (synchronous=NORMAL) is not held to it: that
+    loss is power-cut-durability's to report.
+    """
+    d = as_durable(db)
+    if d.error:
+        return unreadable(OUTCOME_HONESTY, d)
+    states = {t["id"]: t for t in d.turns}
+    violations = []
+    reported = 0
+    events = list(events)
+    lossy_cuts = [i for i, e in enumerate(events) if e.get("type") == "power_cut" and e.get("synchronous") != "FULL"]
+    for index, event in enumerate(events):
+        if event.get("type") != "outcome":
+            continue
+        result = event.get("result") or {}
+        outcome, turn_id = result.get("outcome"), result.get("turn_id")
+        if outcome not in ("completed", "failed"):
+            continue
+        reported += 1
+        where = {"incarnation": event.get("incarnation"), "outcome": result}
+        if outcome == "failed" and not str(result.get("failure_reason") or "").strip():
+            violations.append(Violation(OUTCOME_HONESTY, f"a worker reported turn {turn_id} failed without saying why",
+                                        where))
+        turn = states.get(turn_id)
+        if outcome == "completed" and (turn is None or turn["state"] != "done") \
+                and not any(cut > index for cut in lossy_cuts):
+            state = "absent" if turn is None else turn["state"]
+            violations.append(Violation(OUTCOME_HONESTY, f"a worker reported turn {turn_id} completed; durably it "
+                                                         f"is {state}", {**where, "turn": turn and turn_brief(turn)}))
+    return verdict_of(OUTCOME_HONESTY, violations, {"outcomes": reported})
 
 
 def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
