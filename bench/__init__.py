@@ -21,10 +21,17 @@ load hit both sides alike.
                  request); reference: a bare SELECT of the same rows.
     recovery     SIGKILL of a worker blocked at tool.dispatch.after -> the resumed worker's next
                  model request arriving at the scripted model server, through Pool(forkserver=True)
-                 against Pool(forkserver=False).
+                 against Pool(forkserver=False); each stage against the step of the machine's floor
+                 it cannot beat, and the whole against that floor.
+    floor        (inside recovery and campaign, same run) bare fork/_exit/waitpid, an fsynced SQLite
+                 commit, a loopback HTTP round trip (kept and new connection), a fork of the warm
+                 template to its reap (bench.floor).
     campaign     exhaustive chaos cases per second per scenario (Campaign in-process, jobs=2);
                  reference: no-op worker cycles per second through the same kind of pool; the
                  demo's whole campaign (every scenario at once) against that floor; upstream's.
+    peers        the durability cost of one tool call: ours, LangGraph (SqliteSaver, durability
+                 "sync") and the Agents SDK (SQLiteSession), the same no-op tool N times in one turn
+                 against the same scripted model, each durable and without its durability.
     daemon       turns per second and p50/p99 latency through `hermes-supervisor serve`.
     memory       supervisor RSS at 10%, 50%, 100% of a random campaign; worker RSS.
     powerloss    (only with --only powerloss: it needs FUSE) an exhaustive campaign of one scenario

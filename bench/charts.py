@@ -8,7 +8,7 @@
 
 The full bench (`python scripts/bench.py`) writes them to the checkout's docs/figures, where the
 README shows them; `--charts DIR` elsewhere, `--no-charts` not at all; `--quick` draws none unless
-`--charts` asks. Drawing needs matplotlib (the `bench` extra: pip install 'hermes-supervisor[bench]'),
+`--charts` asks. Drawing needs matplotlib (the `bench` extra: ./scripts/setup bench in a checkout),
 imported only here and only when a chart is drawn: without it the table is printed as ever and a
 line says why there are no charts.
 
@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench.table import Report, median, percentile
+from hermes.extras import install_line
 
 FLUSH_SVG = "flush-vs-rows.svg"
 RECOVERY_SVG = "recovery-latency.svg"
-INSTALL_HINT = "pip install 'hermes-supervisor[bench]'"
+INSTALL_HINT = install_line("bench")
 CHECKOUT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = CHECKOUT / "docs" / "figures"
 SALT = "hermes-supervisor-bench"

@@ -1,11 +1,12 @@
 """`python -m bench` / `scripts/bench.py` / `hermes-supervisor bench`: run the benchmarks, print the table.
 
     python -m bench [--quick] [--long] [--only flush,resume,...] [--dir PATH] [--json PATH] [--strict]
-                    [--charts DIR | --no-charts]
+                    [--charts DIR | --no-charts] [--profile DIR]
 
 `--only powerloss` (bench.powerloss; needs FUSE) is not in the default set: a minute of campaigns on a
 lazy file system. Nor is `--only fleet` (bench.fleet; needs PostgreSQL's server binaries): a SQLite daemon
-against fleets of 1, 2 and 4 daemons on one PostgreSQL store.
+against fleets of 1, 2 and 4 daemons on one PostgreSQL store. `--profile DIR` (with recovery) profiles the
+fork-server recovery cycles per process kind (bench.profile; needs py-spy and pyinstrument).
 """
 from __future__ import annotations
 
@@ -32,8 +33,10 @@ from bench.fleet import bench_fleet
 from bench.flush import bench_flush
 from bench.hostile import bench_hostile
 from bench.memory import bench_memory
+from bench.peers import bench_peers
 from bench.powerloss import QUICK_LIMIT, QUICK_ROUNDS, ROUNDS, bench_powerloss
 from bench.powerloss import unavailable as powerloss_unavailable
+from bench.profile import unavailable as profile_unavailable
 from bench.recovery import bench_recovery
 from bench.resume import bench_resume
 from bench.table import Figure, Report, machine_info, render
@@ -57,21 +60,24 @@ class Sizes:
     memory_runs: int
     upstream: int
     upstream_campaign: int | None  # cases of upstream's campaign (None: all of them)
+    floor_runs: int = 50  # samples of each step of the machine's floor (bench.floor)
+    peer_calls: int = 20  # tool calls in the one turn the peers section times (bench.peers)
 
 
 def sizes_for(quick: bool, long: bool) -> Sizes:
     if quick:
         return Sizes(flush={"NORMAL": 200, "FULL": 40}, growth=200, resume_rows=10_000, resume_runs=3,
                      recovery_fork=3, recovery_fresh=1, campaign_scenarios=["single-tool"], campaign_limit=5,
-                     noop_cycles=4, daemon_turns=8, api_turns=8, memory_runs=12, upstream=50, upstream_campaign=2)
+                     noop_cycles=4, daemon_turns=8, api_turns=8, memory_runs=12, upstream=50, upstream_campaign=2,
+                     floor_runs=10, peer_calls=4)
     return Sizes(flush={"NORMAL": 4000, "FULL": 600}, growth=3000, resume_rows=10_000, resume_runs=9,
                  recovery_fork=25, recovery_fresh=5, campaign_scenarios=None, campaign_limit=None,
                  noop_cycles=40, daemon_turns=200, api_turns=120, memory_runs=5000 if long else 300, upstream=400,
                  upstream_campaign=None)
 
 
-SECTIONS = ("flush", "upstream", "resume", "recovery", "campaign", "daemon", "api", "memory", "powerloss", "hostile",
-            "fleet")
+SECTIONS = ("flush", "upstream", "resume", "recovery", "campaign", "peers", "daemon", "api", "memory", "powerloss",
+            "hostile", "fleet")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("powerloss", "hostile", "fleet"))  # these: only when named
 
 
@@ -85,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=2, help="campaign parallelism (default 2)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 if any figure FAILs")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="with recovery: profile its fork-server cycles per process kind (py-spy for the "
+                             "supervisor and the template, pyinstrument in each forked worker) into DIR")
     charts.add_arguments(parser)  # --charts DIR / --no-charts (bench/charts.py)
 
 
@@ -101,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"bench: powerloss: no lazy file system here: {why}", file=sys.stderr)
         return 2
+    if args.profile is not None:
+        why = profile_unavailable()
+        if why is not None:
+            print(f"bench: --profile: {why}", file=sys.stderr)
+            return 2
+        args.profile.mkdir(parents=True, exist_ok=True)
     base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
     if not base.is_dir():
         print(f"bench: error: --dir {base} is not a directory", file=sys.stderr)
@@ -129,10 +144,12 @@ def run(args: argparse.Namespace) -> int:
         section("upstream", lambda: bench_upstream(report, bench_dir, sizes.upstream))
         section("resume", lambda: bench_resume(report, bench_dir, sizes.resume_rows, sizes.resume_runs))
         fork = section("recovery", lambda: bench_recovery(report, bench_dir, sizes.recovery_fork,
-                                                          sizes.recovery_fresh)) or []
+                                                          sizes.recovery_fresh, sizes.floor_runs,
+                                                          args.profile)) or []
         scenarios = sizes.campaign_scenarios or sorted(SCENARIOS, key=lambda s: (s != "single-tool", s))
         section("campaign", lambda: bench_campaign(report, bench_dir, scenarios, args.jobs, sizes.campaign_limit,
-                                                   sizes.noop_cycles, sizes.upstream_campaign))
+                                                   sizes.noop_cycles, sizes.upstream_campaign, sizes.floor_runs))
+        section("peers", lambda: bench_peers(report, bench_dir, sizes.peer_calls, rounds=1 if args.quick else 3))
         section("daemon", lambda: bench_daemon(report, bench_dir, sizes.daemon_turns, 4, 8,
                                                timeout=120.0 if args.quick else 600.0,
                                                noop_cycles=sizes.noop_cycles))

@@ -48,6 +48,7 @@ import psutil
 
 from bench.procs import kill_group, note_descendants, sigkill_survivors
 from bench.table import Figure, Report, filesystem_of, median, percentile
+from hermes.extras import install_line
 from supervisor.daemon import inbox
 from supervisor.procs.pool import REPO_ROOT, child_env
 
@@ -85,7 +86,7 @@ def unavailable() -> str | None:
     try:
         import psycopg  # noqa: F401
     except ImportError as exc:
-        return f"psycopg is not installed ({exc}): pip install -e '.[postgres]'"
+        return f"psycopg is not installed ({exc}): {install_line('postgres')}"
     from testkit.pgcluster import PgBinariesMissing, find_bindir
 
     try:

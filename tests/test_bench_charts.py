@@ -109,7 +109,7 @@ def test_without_matplotlib_the_bench_says_so_and_prints_its_table(
     rc = main(["--quick", "--only", "flush", "--dir", str(tmp_path), "--charts", str(out_dir)])
     captured = capsys.readouterr()
     assert rc == 0
-    assert "pip install 'hermes-supervisor[bench]'" in captured.err, captured.err
+    assert charts.INSTALL_HINT in captured.err and "scripts/setup bench" in captured.err, captured.err
     assert any(line.startswith("flush 1 msg") for line in captured.out.splitlines()), captured.out
     assert "error" not in captured.out.split("notes:")[0], captured.out
     assert not out_dir.exists() or not any(out_dir.iterdir())

@@ -137,6 +137,7 @@ def _become_worker(request: dict, control_fd: int, stderr_fd: int, server: socke
     os.close(stderr_fd)
     argv = list(request["argv"])
     code = 1
+    profiler = _profiler() if PROFILE_ENV in os.environ else None
     try:
         cwd = request.get("cwd")
         if cwd:
@@ -147,9 +148,37 @@ def _become_worker(request: dict, control_fd: int, stderr_fd: int, server: socke
                 return  # exits 1, below
         code = worker_main.main([*argv, "--control", str(control_fd)], die_with_parent=False)
     finally:
+        if profiler is not None:
+            _save_profile(profiler)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+# `python -m bench --only recovery --profile DIR` sets this in the template's environment: each
+# forked worker then profiles its own life (from just after the fork) and leaves it in DIR. A worker
+# cannot be profiled from outside from its first instruction: a sampler attaches after it started.
+PROFILE_ENV = "HERMES_WORKER_PROFILE"
+
+
+def _profiler() -> object | None:
+    try:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.0002, async_mode="disabled")
+        profiler.start()
+        return profiler
+    except Exception as exc:  # noqa: BLE001  (no pyinstrument: the worker runs unprofiled)
+        print(f"worker.forkserver: no profile ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+
+
+def _save_profile(profiler: object) -> None:
+    try:
+        session = profiler.stop()  # type: ignore[attr-defined]
+        session.save(os.path.join(os.environ[PROFILE_ENV], f"worker-{os.getpid()}.pyisession"))
+    except Exception as exc:  # noqa: BLE001
+        print(f"worker.forkserver: profile not saved ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
 def _spawn(request: dict, fds: list[int], server: socket.socket) -> int:

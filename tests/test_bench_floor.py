@@ -1,0 +1,67 @@
+"""bench.floor, bench.peers and bench.profile, in-process on small sizes. Nothing here is about speed:
+only that each measurement runs, cleans up after itself and says what it measured."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import floor, peers, profile
+from bench.table import Report, render
+from supervisor.procs.pool import Pool
+
+
+def test_floor_measures_every_step_and_reaps_its_children(tmp_path: Path) -> None:
+    measured = floor.measure_floor(tmp_path, 3, jobs=2)
+    for value in (measured.fork_ms, measured.commit_ms, measured.http_kept_ms, measured.http_new_ms,
+                  measured.template_fork_ms, measured.template_rate):
+        assert value > 0
+    assert measured.recovery_ms() > measured.template_fork_ms
+    report = Report()
+    floor.report_floor(report, measured, "test", 3)
+    text = render(report)
+    assert "floor (test): fsynced commit (WAL, synchronous=FULL)" in text
+    assert "floor (test): warm-template fork cycles/s, jobs=2" in text
+    assert list(tmp_path.iterdir()) == []  # its databases are gone
+
+
+def test_peers_run_one_turn_each_durably_and_not(tmp_path: Path) -> None:
+    report = Report()
+    peers.bench_peers(report, tmp_path, calls=2, rounds=1)
+    names = [f.name for f in report.figures]
+    assert any(n.startswith("peers: ours (") for n in names), names
+    for f in report.figures:
+        if f.value is None:  # a peer that is not installed says so
+            assert "not installed" in f.note, f
+            continue
+        assert "did not end with the scripted answer" not in f.note, f
+    ours = next(f for f in report.figures if f.name.startswith("peers: ours ("))
+    assert ours.data["commits_per_call"] >= 3  # the request, the intent and the result, at least
+
+
+def test_collapsed_stacks_summary(tmp_path: Path) -> None:
+    (tmp_path / "supervisor.txt").write_text(
+        "process 1:\"python\";thread (0x1);main (bench/cli.py:10);spawn (supervisor/procs/pool.py:20) 7\n"
+        "process 1:\"python\";thread (0x2);main (bench/cli.py:10) 3\n", encoding="utf-8")
+    text = profile._collapsed_summary(tmp_path / "supervisor.txt", "supervisor")
+    assert "10 samples" in text and "spawn (pool.py)" in text and "main (cli.py)" in text
+    assert "no samples" in profile._collapsed_summary(tmp_path / "template.txt", "template")
+
+
+@pytest.mark.skipif(profile.unavailable() is not None, reason="pyinstrument or py-spy is not installed")
+def test_a_forked_worker_profiles_itself_when_asked(tmp_path: Path) -> None:
+    profiling = profile.Profiling(tmp_path / "prof")
+    pool = Pool(forkserver=True, env=profiling.env(), cwd=tmp_path)
+    try:
+        # No command: the worker fails its argument parsing at once and exits 2, profiled.
+        proc = pool.spawn([], incarnation=1, on_message=lambda p, m: None)
+        assert proc.wait(60)
+        assert proc.returncode == 2
+    finally:
+        pool.close()
+    from worker import forkserver
+
+    assert forkserver.PROFILE_ENV == profile.PROFILE_ENV  # the one name both sides read
+    saved = list(profiling.workers.glob("worker-*.pyisession"))
+    assert len(saved) == 1, saved
+    assert "resumed workers combined" in profile._worker_summary(profiling.workers, tmp_path / "tree.txt")
