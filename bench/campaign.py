@@ -35,6 +35,8 @@ FLOOR_SHARE = 0.5       # ... and at least this share of the floor
 UPSTREAM_WALL_S = 60.0  # upstream's exhaustive single-tool + writes campaign, whole
 DEMO_WALL_S = 10.0      # `./scripts/demo`'s campaign: every scenario, exhaustive, template start included
 UPSTREAM_SCENARIOS = ["single-tool", "writes"]
+USER_TARGET = "example-loop-fixed"  # a target of one's own, two files (examples/custom_target)
+USER_TARGET_RATIO = 1.5  # at most this many of our cases' cost for one of a user's target
 
 
 def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: bool = True) -> tuple[float, float]:
@@ -247,7 +249,38 @@ def bench_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: 
                           note=f"a case is two forked workers (the killed one and its resumption), their fsynced "
                                f"commits and model requests, and the check; 1-minute load {floor.load}"))
     bench_demo_campaign(report, bench_dir, scenarios, jobs, limit, reference)
+    bench_user_target(report, bench_dir, jobs, limit)
     bench_upstream_campaign(report, bench_dir, jobs, upstream_limit)
+
+
+def _warm_rate(run: CampaignRun) -> float | None:
+    """Cases per second once the first case is done (the template is warm then)."""
+    n = len(run.results)
+    return (n - 1) / (run.wall - run.done[0]) if n > 1 and run.done and run.wall > run.done[0] else None
+
+
+def bench_user_target(report: Report, bench_dir: Path, jobs: int, limit: int | None) -> None:
+    """A user's own target (the worked example's loop, registered by its own package) against our
+    runtime on the same exhaustive single-tool campaign, side by side: what a case of theirs costs
+    per case of ours, warm. Skipped, saying how to get it, when the example is not installed."""
+    name = f"campaign single-tool, user target {USER_TARGET} vs ours: cost per case"
+    try:
+        target = registry.get(USER_TARGET)
+    except registry.UnknownTarget:
+        target = None
+    if target is None or not target.available():
+        report.add(Figure(name, None, "x", note=f"{USER_TARGET} is not installed ({install_line('example')})"))
+        return
+    ours = _warm_rate(_campaign(bench_dir, ["single-tool"], jobs, limit))
+    theirs_run = _campaign(bench_dir, ["single-tool"], jobs, limit, target=USER_TARGET)
+    theirs = _warm_rate(theirs_run)
+    ratio = ours / theirs if ours and theirs else None
+    report.add(Figure(name, ratio, "x", target=f"<= {USER_TARGET_RATIO}x",
+                      passed=ratio is not None and ratio <= USER_TARGET_RATIO,
+                      note=f"warm cases/s: ours {ours or 0:.1f}, {USER_TARGET} {theirs or 0:.1f} "
+                           f"({len(theirs_run.results)} cases; its workers "
+                           f"{'fork from the warm template' if target.forkserver else 'are fresh interpreters'}); "
+                           f"jobs={jobs}; the same scenario, kills and checks"))
 
 
 def bench_demo_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: int, limit: int | None,

@@ -53,7 +53,8 @@ def test_quick_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
                  "floor (recovery): loopback HTTP round trip, kept connection", "floor (recovery): warm-template fork",
                  "floor (campaign): warm-template fork cycles/s", "recovery: kill -> resumed model request vs the "
                  "machine's floor", "pool floor vs the warm-template fork floor", "campaign single-tool vs the "
-                 "warm-template fork floor", "peers: ours", "peers: LangGraph", "peers: Agents SDK"):
+                 "warm-template fork floor", "peers: ours", "peers: LangGraph", "peers: Agents SDK",
+                 "campaign single-tool, user target example-loop-fixed vs ours: cost per case"):
         assert any(row.startswith(name) for row in rows), f"no {name!r} row in:\n{out}"
     assert any(row.startswith(("daemon:", "upstream")) for row in rows), out
     assert "error" not in " ".join(row.split("  ")[0] for row in rows), out  # no section crashed
