@@ -12,8 +12,10 @@ NOT_HERE = {
 
 NAIVE = Target("example-loop", "the example's naive loop (examples/custom_target)", adapter="example_loop.naive",
                schema="example_loop.store:READER", promises=Promises(contract=CLAIM), unreachable=NOT_HERE,
+               preload=("example_loop.naive",),  # imported once by the warm template, not by each worker
                modules=("example_loop", "openai"),
                install_hint="pip install ./examples/custom_target (from a checkout of hermes-supervisor)")
 FIXED = Target("example-loop-fixed", "the example's loop, fixed (examples/custom_target)",
                adapter="example_loop.fixed", schema="example_loop.store:READER", promises=Promises(contract=CLAIM),
-               unreachable=NOT_HERE, modules=("example_loop", "openai"), install_hint=NAIVE.install_hint)
+               unreachable=NOT_HERE, preload=("example_loop.fixed",), modules=("example_loop", "openai"),
+               install_hint=NAIVE.install_hint)
