@@ -60,9 +60,10 @@ ROWS = (
         "promise."),
     Row("hermes-agent", "hermes-agent", (), "hermes-agent", "upstream hermes-agent",
         "loses no stored row, but a kill right after a tool completed loses the result it had already shown, "
-        "and nothing durable says a tool was started; it also shows results before it stores them. Its damage "
-        "counts below were measured when this campaign resumed a killed turn by sending its question again, "
-        "which upstream never does: they are not published as upstream's (see Published findings)."),
+        "and nothing durable says a tool was started; it also shows results before it stores them. This campaign "
+        "resumes a killed turn as upstream's gateway does after a restart (the stored history, its replay cleanup "
+        "and recovery note; the question is not sent again): its damage counts are the tool calls a kill left "
+        "without a result (see Published findings)."),
     Row("langgraph-exit", "langgraph", ("--durability", "exit"), "langgraph", "LangGraph, durability exit",
         "keeps what it documents and no more: nothing is saved until the run ends, so a killed run is done again "
         "from its input, tools included."),

@@ -12,6 +12,11 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 
+# A row mark a schema reader may set: this user row resumes its (interrupted) turn, it asks no
+# question (upstream hermes-agent's gateway stores one when it resumes a turn after a restart).
+RESUMES_TURN = "resumes_turn"
+
+
 class Stored(NamedTuple):
     """A store as the checker's `Durable` model holds it, rows shaped as `SessionDB.get_messages` returns them."""
 

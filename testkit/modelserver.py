@@ -2,11 +2,12 @@
 
 Tests, the chaos campaigns and the daemon's built-in demo model point an OpenAI client at
 this server instead of a real model. It answers with a `testkit.script.Script`: every
-reply is a pure function of the request's ``messages``, so a client that crashes and
-re-sends the same conversation receives exactly the same continuation (same text, same
-tool-call ids). Transport faults (HTTP errors, truncated bodies, stalls, garbage) can be
-injected per reply and are served a fixed number of times per exact request before the
-good reply comes through.
+reply's text and calls are a pure function of the request's ``messages``, so a client that
+crashes and re-sends the same conversation receives the same continuation. Its tool-call ids
+are fresh per request, as a real model's are: a re-sent request gets the same calls under new
+ids (a server or script that says ``call_ids = "fixed"`` repeats them instead). Transport
+faults (HTTP errors, truncated bodies, stalls, garbage) can be injected per reply and are
+served a fixed number of times per exact request before the good reply comes through.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from testkit.script import (
 # The script's vocabulary comes with the server, so a test needs one import for both.
 __all__ = [
     "FAULTS",
+    "FIXED_IDS",
+    "FRESH_IDS",
     "Reply",
     "Script",
     "ScriptedModelServer",
@@ -50,6 +53,12 @@ __all__ = [
     "turn_script",
     "turn_start",
 ]
+
+
+FRESH_IDS = "fresh"
+FIXED_IDS = "fixed"
+# Turn positions whose answer count a server keeps (each a few hundred bytes).
+_ANSWERED_KEPT = 100_000
 
 
 def _rough_tokens(text: str) -> int:
@@ -362,13 +371,25 @@ class ScriptedModelServer:
         host: str = "127.0.0.1",
         chunk_chars: int = 8,
         request_log: int | None = None,
+        call_ids: str | None = None,
     ) -> None:
         """`request_log`: how many of the latest requests `requests` keeps (None: all of them,
-        as tests want; a campaign or a daemon keeps a few, so its memory stays flat)."""
+        as tests want; a campaign or a daemon keeps a few, so its memory stays flat).
+        `call_ids`: "fresh" (each request's calls get ids no earlier request got) or "fixed"
+        (a re-sent request gets the same ids); by default the script's own `call_ids`
+        attribute, else "fresh"."""
         if chunk_chars < 1:
             raise ValueError("chunk_chars must be >= 1")
         if request_log is not None and request_log < 0:
             raise ValueError("request_log must be >= 0")
+        call_ids = call_ids or getattr(script, "call_ids", None) or FRESH_IDS
+        if call_ids not in (FRESH_IDS, FIXED_IDS):
+            raise ValueError(f"call_ids must be {FRESH_IDS!r} or {FIXED_IDS!r}, not {call_ids!r}")
+        self.call_ids = call_ids
+        # How often each turn position was answered with calls: the n-th answer's ids mix in n,
+        # so the first answer's ids are the fixed ones and each repeat's are new. Bounded (oldest
+        # forgotten first) so a long-running server's memory stays flat.
+        self._answered: collections.OrderedDict[tuple[str, str | None, int], int] = collections.OrderedDict()
         self.script = script
         self.model = model
         self.host = _check_loopback(host)
@@ -478,14 +499,27 @@ class ScriptedModelServer:
 
     # -- response construction -------------------------------------------
 
+    def _repeat(self, prefix: str, user_text: str | None, idx: int) -> int:
+        """How many times this turn position was answered before (always 0 with fixed ids)."""
+        if self.call_ids == FIXED_IDS:
+            return 0
+        where = (prefix, user_text, idx)
+        with self._lock:
+            seen = self._answered.pop(where, 0)
+            self._answered[where] = seen + 1
+            while len(self._answered) > _ANSWERED_KEPT:
+                self._answered.popitem(last=False)
+        return seen
+
     def _build(self, messages: list[dict], reply: Reply, key: str, idx: int) -> _Built:
         """Render a Reply as both a completion and a list of stream chunks."""
         user_text = last_user_text(messages)
         prefix = turn_prefix_digest(messages)
         completion_id = "chatcmpl-" + key[:24]
+        repeat = self._repeat(prefix, user_text, idx) if reply.tool_calls else 0
         calls = [
             {
-                "id": tool_call_id(prefix, user_text, idx, pos),
+                "id": tool_call_id(prefix, user_text, idx, pos, repeat),
                 "type": "function",
                 "function": {"name": spec.name, "arguments": spec.arguments_json()},
             }

@@ -168,14 +168,16 @@ def turn_prefix_digest(messages: list[dict]) -> str:
     return _digest([_prefix_entry(m) for m in prefix if isinstance(m, dict) and m.get("role") != "system"])
 
 
-def tool_call_id(prefix_digest: str, user_text: str | None, index: int, position: int) -> str:
-    """Deterministic id, unique per turn: a re-sent conversation gets identical call ids, and
-    the same message asked again in a later turn gets new ones.
+def tool_call_id(prefix_digest: str, user_text: str | None, index: int, position: int, repeat: int = 0) -> str:
+    """Deterministic id, unique per turn: the same message asked again in a later turn gets new
+    ones, and so does the `repeat`-th answer to one turn position (a re-sent conversation, when
+    the server gives fresh ids per request); repeat 0 is the id a fixed-id server always gives.
 
     `prefix_digest` is `turn_prefix_digest(messages)`; the turn's user text keeps two
     different first messages of one conversation apart.
     """
-    return "call_" + _digest(["tool_call", prefix_digest, user_text, index, position])[:16]
+    parts: list[object] = ["tool_call", prefix_digest, user_text, index, position]
+    return "call_" + _digest(parts + [repeat] if repeat else parts)[:16]
 
 
 def turn_script(turns: dict[str, list[Reply]], default: Reply | None = None) -> Script:

@@ -133,7 +133,13 @@ def test_streamed_tool_calls_match_non_streamed(server: ScriptedModelServer) -> 
     finish_reasons = []
     roles = []
     chunk_count = 0
-    for chunk in client.chat.completions.create(model="test-model", messages=user("two tools"), stream=True):
+    # Asked of a second server: each server's first answer to a request has the same ids (a
+    # repeat on one server gets fresh ones, see test_same_request_same_reply).
+    with ScriptedModelServer(SCRIPT, model="test-model", chunk_chars=5) as other:
+        chunks = list(make_client(other).chat.completions.create(model="test-model", messages=user("two tools"),
+                                                                  stream=True))
+        streamed = other.requests[-1]["stream"]
+    for chunk in chunks:
         chunk_count += 1
         for ch in chunk.choices:
             if ch.delta.role:
@@ -160,7 +166,7 @@ def test_streamed_tool_calls_match_non_streamed(server: ScriptedModelServer) -> 
     assert [calls[i] for i in sorted(calls)] == expected
     # A str spec is passed through untouched, even though it is not JSON.
     assert expected[1]["arguments"] == "{not json"
-    assert server.requests[-1]["stream"] is True
+    assert streamed is True
 
 
 def test_streamed_text_and_usage(server: ScriptedModelServer) -> None:
@@ -183,8 +189,14 @@ def test_same_request_same_reply(server: ScriptedModelServer) -> None:
     client = make_client(server)
     a = client.chat.completions.create(model="test-model", messages=user("weather?"))
     b = client.chat.completions.create(model="test-model", messages=user("weather?"))
-    assert a.model_dump() == b.model_dump()
-    # A second server with the same script agrees too (ids do not depend on state).
+    # The same reply, its calls under new ids: a real model names its calls anew on every request.
+    a_calls, b_calls = a.choices[0].message.tool_calls or [], b.choices[0].message.tool_calls or []
+    assert [(t.function.name, t.function.arguments) for t in b_calls] == [
+        (t.function.name, t.function.arguments) for t in a_calls]
+    assert {t.id for t in a_calls}.isdisjoint(t.id for t in b_calls)
+    assert a.choices[0].message.content == b.choices[0].message.content and a.id == b.id
+    # A second server with the same script agrees on its first answer (ids depend on how often
+    # this server was asked before, nothing else).
     with ScriptedModelServer(SCRIPT, model="test-model") as other:
         c = make_client(other).chat.completions.create(model="test-model", messages=user("weather?"))
     assert c.id == a.id
@@ -227,40 +239,68 @@ def test_the_same_message_in_a_new_turn_gets_new_call_ids(server: ScriptedModelS
     assert third not in (first, second)
 
 
-def test_a_re_sent_interrupted_message_keeps_its_call_ids(server: ScriptedModelServer) -> None:
+def test_a_re_sent_interrupted_message_gets_the_same_calls_under_new_ids(server: ScriptedModelServer) -> None:
     client = make_client(server)
     earlier = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hi."}]
     (original,) = _call_ids(client, earlier + [{"role": "user", "content": "weather?"}])
     interrupted = _weather_turn(original)[:2]  # the call was made, no result, no answer
-    # A client that re-sends the interrupted message (upstream hermes-agent does on resume)
-    # is still in the same turn: reply 0 of it is the same reply, with the same ids.
+    # A client that re-sends the interrupted message is still in the same turn: reply 0 of it is
+    # the same reply, but a real model names its calls anew on every request, and so does this one.
     resent = earlier + interrupted + [{"role": "user", "content": "weather?"}]
-    assert _call_ids(client, resent) == [original]
-    # Also when the interrupted call did get its result before the re-send.
+    reply = make_client(server).chat.completions.create(model="test-model", messages=resent, tools=TOOLS)
+    (again,) = reply.choices[0].message.tool_calls or []
+    assert again.id != original
+    assert (again.function.name, json.loads(again.function.arguments)) == ("get_weather", WEATHER_CALL.arguments)
+    # Also when the interrupted call did get its result before the re-send: new again.
     resent_after_result = earlier + _weather_turn(original)[:3] + [{"role": "user", "content": "weather?"}]
-    assert _call_ids(client, resent_after_result) == [original]
-    # A different message in between ends that turn: the re-sent text starts a new one.
-    other = earlier + interrupted + [{"role": "user", "content": "hello"}, {"role": "user", "content": "weather?"}]
-    assert _call_ids(client, other) != [original]
+    assert _call_ids(client, resent_after_result) not in ([original], [again.id])
 
 
-def test_the_same_prefix_gets_the_same_call_ids(server: ScriptedModelServer) -> None:
+def test_a_fixed_id_server_repeats_call_ids_for_a_re_sent_message() -> None:
+    earlier = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hi."}]
+    with ScriptedModelServer(SCRIPT, model="test-model", call_ids="fixed") as srv:
+        client = make_client(srv)
+        (original,) = _call_ids(client, earlier + [{"role": "user", "content": "weather?"}])
+        interrupted = _weather_turn(original)[:2]
+        assert _call_ids(client, earlier + interrupted + [{"role": "user", "content": "weather?"}]) == [original]
+        # A different message in between ends that turn: the re-sent text starts a new one.
+        other = earlier + interrupted + [{"role": "user", "content": "hello"}, {"role": "user", "content": "weather?"}]
+        assert _call_ids(client, other) != [original]
+    # A script can ask for fixed ids itself (a scenario that needs them does, through its script).
+    class FixedScript:
+        call_ids = "fixed"
+
+        def __call__(self, messages: list[dict]) -> Reply:
+            return SCRIPT(messages)
+
+    with ScriptedModelServer(FixedScript(), model="test-model") as srv:
+        assert srv.call_ids == "fixed"
+    with pytest.raises(ValueError):
+        ScriptedModelServer(SCRIPT, call_ids="sometimes")
+
+
+def test_the_first_answer_to_a_prefix_has_the_same_ids_on_every_server(server: ScriptedModelServer) -> None:
     prefix = [{"role": "system", "content": "You are a test."}] + _weather_turn("call_from_turn_one")
     request = prefix + [{"role": "user", "content": "weather?"}]
     ids = _call_ids(make_client(server), request)
-    # Another server, another client: ids are a pure function of the request.
+    # Another server, another client: a first answer's ids are a pure function of the request.
     with ScriptedModelServer(SCRIPT, model="test-model") as other:
         assert _call_ids(make_client(other), request) == ids
-    # A resumed client re-sends the same durable prefix, perhaps spelled differently in what
-    # the conversation does not say (a tool row's name, a call's type, no system prompt).
+    # The same prefix, spelled differently in what the conversation does not say (a tool row's
+    # name, a call's type, no system prompt), is the same turn position: a server that has
+    # answered it already gives new ids, one that has not gives the first answer's.
     respelled = [dict(m) for m in prefix[1:]]
     respelled[2]["name"] = "get_weather"
     respelled[1]["tool_calls"] = [{k: v for k, v in c.items() if k != "type"} for c in respelled[1]["tool_calls"]]
-    assert _call_ids(make_client(server), respelled + [{"role": "user", "content": "weather?"}]) == ids
+    respelled_request = respelled + [{"role": "user", "content": "weather?"}]
+    assert _call_ids(make_client(server), respelled_request) != ids
+    with ScriptedModelServer(SCRIPT, model="test-model") as fresh:
+        assert _call_ids(make_client(fresh), respelled_request) == ids
     # A prefix that says something else is another conversation.
     changed = [dict(m) for m in prefix]
     changed[3]["content"] = '{"temp": 4}'
-    assert _call_ids(make_client(server), changed + [{"role": "user", "content": "weather?"}]) != ids
+    with ScriptedModelServer(SCRIPT, model="test-model") as fresh:
+        assert _call_ids(make_client(fresh), changed + [{"role": "user", "content": "weather?"}]) != ids
 
 
 def test_later_replies_of_a_turn_get_their_own_ids() -> None:

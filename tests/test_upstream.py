@@ -54,6 +54,48 @@ def test_a_resent_interrupted_message_is_the_same_turn(tmp_path: Path) -> None:
     assert {r["turn_id"] for r in rows} == {"turn-0"} and [t["state"] for t in turns] == ["done"]
 
 
+def test_the_gateways_recovery_row_resumes_the_interrupted_turn(tmp_path: Path) -> None:
+    # Upstream's gateway resumes a killed turn with its recovery note and stores the event's empty
+    # text in its place: that row belongs to the interrupted turn and asks no second question.
+    result = json.dumps({"status": "ok"})
+    db = _upstream_like_db(tmp_path / "state.db", [
+        ("user", "q0", None, None), ("assistant", None, None, CALL), ("tool", result, "c1", None),
+        ("user", "", None, None), ("assistant", "a0", None, None), ("user", "q1", None, None),
+        ("assistant", "a1", None, None)])
+    _sessions, rows, turns = upstream_schema.read(db)
+    assert [r["turn_id"] for r in rows] == ["turn-0"] * 5 + ["turn-1"] * 2
+    assert [(t["id"], t["state"], t["user_text"]) for t in turns] == [("turn-0", "done", "q0"),
+                                                                     ("turn-1", "done", "q1")]
+    assert [r.get("resumes_turn", False) for r in rows] == [False, False, False, True, False, False, False]
+    assert check_structure(db).valid is True
+    # A user row after the turn's answer is a new turn, whatever it says.
+    db2 = _upstream_like_db(tmp_path / "after.db", [("user", "q0", None, None), ("assistant", "a0", None, None),
+                                                    ("user", "", None, None), ("assistant", "a1", None, None)])
+    assert [t["id"] for t in upstream_schema.read(db2)[2]] == ["turn-0", "turn-1"]
+
+
+def test_the_scripted_model_answers_the_recovery_note_as_the_interrupted_turn() -> None:
+    from supervisor.chaos.scenarios import SCENARIOS, campaign_script
+    from worker.targets.hermes_agent_resume import RECOVERY_NOTE_START
+
+    scenario = SCENARIOS["writes"]
+    script = campaign_script([scenario])
+    question, (calls, answer) = scenario.turns[0].text, scenario.turns[0].replies
+    note = RECOVERY_NOTE_START + " a gateway interruption; ...]"
+    # The replay ends with the question: upstream sends question and note as one message.
+    assert script([{"role": "user", "content": question + "\n\n" + note}]) == calls
+    # The note after the interrupted call's (stubbed) results: the turn's next reply.
+    call = {"id": "c", "type": "function", "function": {"name": "append_note", "arguments": "{}"}}
+    replay = [{"role": "user", "content": question}, {"role": "assistant", "content": None, "tool_calls": [call]},
+              {"role": "tool", "tool_call_id": "c", "content": "unknown"}, {"role": "user", "content": note}]
+    assert script(replay) == answer
+
+
+def test_resume_is_upstreams_own_path_unless_the_caller_resends() -> None:
+    assert upstream.TARGET.check_options({}) == {"resume": "gateway"}
+    assert upstream.TARGET.check_options({"resume": "resend"}) == {"resume": "resend"}
+
+
 def test_check_reads_upstream_schema(tmp_path: Path) -> None:
     db = _upstream_like_db(tmp_path / "state.db", [("user", "q0", None, None), ("assistant", None, None, CALL),
                                                    ("assistant", "a0", None, None)])
@@ -76,9 +118,9 @@ def test_one_upstream_case_end_to_end(tmp_path: Path) -> None:
     from supervisor.chaos.config import CampaignConfig
 
     config = CampaignConfig(scenarios=["single-tool"], jobs=1, workdir=tmp_path, keep=True, target="hermes-agent",
-                            case_ids=("single-tool/probe:self@callback.tool_complete.before:1@t0p0",))
+                            case_ids=("single-tool/probe:self@callback.tool_complete.after:1@t0p0",))
     [result] = Campaign(config).run()
-    assert result.fired == ["callback.tool_complete.before:1"]  # the probe around upstream's callback fired
+    assert result.fired == ["callback.tool_complete.after:1"]  # the probe around upstream's callback fired
     db = next(tmp_path.glob("*/state.db"))
     assert upstream_schema.is_upstream(db)  # upstream wrote its own schema
     assert result.verdict.valid is False  # upstream shows the tool result before it is durable

@@ -99,39 +99,39 @@ def clean_results(tool: str, arguments: dict[str, Any]) -> frozenset[str] | None
 def install(ledger: Ledger, report_effect: EffectReporter | None = None) -> None:
     """Register the chaos tools, bound to `ledger`, in the runtime's tool registry."""
 
-    def executed(tool: str, policy: str, ctx: ToolContext, **details: Any) -> None:
+    def executed(tool: str, policy: str, ctx: ToolContext, args: dict[str, Any], **details: Any) -> None:
         if report_effect is not None:
             report_effect({"tool": tool, "policy": policy, "tool_call_id": ctx.tool_call_id,
                            "session": ctx.session_id, "turn": ctx.turn_id,
                            "idempotency_key": ctx.idempotency_key, **details})
         ledger.record_execution(session_id=ctx.session_id, turn_id=ctx.turn_id, tool_call_id=ctx.tool_call_id,
-                                tool=tool, policy=policy, idempotency_key=ctx.idempotency_key)
+                                tool=tool, policy=policy, idempotency_key=ctx.idempotency_key, arguments=args)
 
     def lookup(args: dict[str, Any], ctx: ToolContext) -> str:
-        executed("lookup", IDEMPOTENT, ctx)
+        executed("lookup", IDEMPOTENT, ctx, args)
         return _lookup_text(args)
 
     def slow_lookup(args: dict[str, Any], ctx: ToolContext) -> str:
-        executed("slow_lookup", IDEMPOTENT, ctx)
+        executed("slow_lookup", IDEMPOTENT, ctx, args)
         time.sleep(min(float(args.get("seconds", 0.2)), 5.0))
         return _slow_lookup_text(args)
 
     def set_value(args: dict[str, Any], ctx: ToolContext) -> str:
-        executed("set_value", IDEMPOTENT, ctx)
+        executed("set_value", IDEMPOTENT, ctx, args)
         applied = ledger.apply_once(ctx.idempotency_key or f"{ctx.tool_call_id}", _arg(args, "key"),
                                     _arg(args, "value"))
         return _set_value_text(args, applied)
 
     def append_note(args: dict[str, Any], ctx: ToolContext) -> str:
-        executed("append_note", AT_MOST_ONCE, ctx)
+        executed("append_note", AT_MOST_ONCE, ctx, args)
         return _append_note_text(args)
 
     def broken_tool(args: dict[str, Any], ctx: ToolContext) -> str:
-        executed("broken_tool", IDEMPOTENT, ctx)
+        executed("broken_tool", IDEMPOTENT, ctx, args)
         raise _broken_tool_error(args)
 
     def restart_agent(args: dict[str, Any], ctx: ToolContext) -> str:
-        executed("restart_agent", AT_MOST_ONCE, ctx)
+        executed("restart_agent", AT_MOST_ONCE, ctx, args)
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)  # not reached: SIGKILL is delivered before the sleep ends
         return "restarted"

@@ -16,6 +16,7 @@ on a time budget rather than lost.
 """
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -41,7 +42,8 @@ _SCHEMA = (
         idempotency_key TEXT,
         pid             INTEGER NOT NULL,
         incarnation     INTEGER NOT NULL,
-        at              REAL NOT NULL
+        at              REAL NOT NULL,
+        arguments       TEXT
     )""",
     # Applied effects of idempotent writes: one row per key, however often the tool ran.
     """CREATE TABLE IF NOT EXISTS kv (
@@ -81,6 +83,9 @@ class Ledger:
         ).fetchone()[0])
         if present < 2:  # a new ledger (or one left half-made): create what is missing, in one transaction
             self._write(lambda c: [c.execute(s) for s in _SCHEMA])
+        columns = self._retry_busy(lambda: {r[1] for r in self._conn.execute("PRAGMA table_info(executions)")})
+        if "arguments" not in columns:  # a ledger made before executions recorded their arguments
+            self._write(lambda c: c.execute("ALTER TABLE executions ADD COLUMN arguments TEXT"))
 
     def _retry_busy(self, fn: Callable[[], _T]) -> _T:
         """Run `fn` under the lock, retrying on SQLITE_BUSY until the ledger's busy budget is spent."""
@@ -108,12 +113,18 @@ class Ledger:
         return self._retry_busy(attempt)
 
     def record_execution(self, *, session_id: str | None, turn_id: str | None, tool_call_id: str | None,
-                         tool: str, policy: str, idempotency_key: str | None) -> None:
+                         tool: str, policy: str, idempotency_key: str | None,
+                         arguments: dict[str, Any] | None = None) -> None:
+        """`arguments`: what the tool was called with. A framework that reruns a call may give the
+        rerun a new call id; the checker then knows it as the same call by its turn, tool and
+        arguments (stored canonically, so equal arguments compare equal as text)."""
+        args = None if arguments is None else json.dumps(arguments, sort_keys=True, separators=(",", ":"),
+                                                         ensure_ascii=False, default=str)
         self._write(lambda c: c.execute(
             "INSERT INTO executions (session_id, turn_id, tool_call_id, tool, policy, idempotency_key, pid, "
-            "incarnation, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "incarnation, at, arguments) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (session_id, turn_id, tool_call_id, tool, policy, idempotency_key, os.getpid(), self.incarnation,
-             time.time())))
+             time.time(), args)))
 
     def apply_once(self, idempotency_key: str, key: str, value: str) -> bool:
         """Apply a keyed write unless this idempotency key already applied; True if it applied now."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from hermes.compaction import SUMMARY_PROMPT
 from testkit.script import Reply, ToolCallSpec, content_text, last_user_text, reply_index
+from worker.targets.hermes_agent_resume import without_recovery_note
 
 SESSION = "chaos-session"  # every case runs one session of this id
 MODEL = "scripted-model"   # the name the scripted model answers as
@@ -51,6 +52,10 @@ class Scenario:
     stream: bool = False
     compact_above: int = 0
     worker_args: tuple[str, ...] = field(default=())
+    # The scripted model gives every request fresh call ids, as a real model does; a scenario
+    # that needs a re-sent request to get the same ids again says so (its campaign's model then
+    # repeats ids for every scenario it serves).
+    fixed_call_ids: bool = False
 
     def expectation(self) -> Expectation:
         return Expectation(turns=len(self.turns), final_answers=tuple(t.answer for t in self.turns))
@@ -132,6 +137,8 @@ class CampaignScript:
     def __init__(self, scenarios: list[Scenario]) -> None:
         self._replies: dict[str, tuple[Reply, ...]] = {SUMMARY_PROMPT.strip(): (Reply(SUMMARY_REPLY),)}
         self._lock = threading.Lock()
+        # Read by testkit.modelserver.ScriptedModelServer when it is started with this script.
+        self.call_ids = "fixed" if any(s.fixed_call_ids for s in scenarios) else "fresh"
         for scenario in scenarios:
             self.add(scenario)
 
@@ -141,6 +148,15 @@ class CampaignScript:
                 self._replies.setdefault(turn.text.strip(), turn.replies)
 
     def __call__(self, messages: list[dict]) -> Reply:
+        # A runtime's note asking to continue an interrupted turn (upstream hermes-agent's gateway
+        # recovery note) is answered as that turn: with the reply it would have had next. The note
+        # comes as a message of its own, or appended to the interrupted question.
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+        question = None if last is None else without_recovery_note(content_text(messages[last].get("content")))
+        if last is not None and question == "":
+            messages = messages[:last] + messages[last + 1:]
+        elif last is not None and question is not None:
+            messages = messages[:last] + [{**messages[last], "content": question}] + messages[last + 1:]
         text = last_user_text(messages)
         index = reply_index(messages)
         with self._lock:

@@ -56,12 +56,12 @@ answers. So a list of text parts is passed through, and one holding an image is 
 (`content_parts_refusal`).
 
 Resume: `resume` here loads the durable conversation and, when the last user turn has no
-final answer, re-sends that turn's user text with the stored history. That is the caller's
-behaviour, not upstream's: upstream's own recovery (its gateway after a restart) replays the
-stored history, cleaned of an unanswered tool-call tail, with a recovery note, and never sends
-the question again. What the re-send causes (a question stored twice, a call row repeated when
-the scripted model repeats its ids) is therefore not published as upstream's; the published
-findings are shown by standalone scripts (examples/repro/hermes_agent/).
+final answer, continues it the way upstream's gateway does after a restart
+(worker.targets.hermes_agent_resume): the stored history cleaned by upstream's replay cleanup,
+and its recovery note as the user message, never the question again. `--target-option
+resume=resend` re-sends the turn's user text with the stored history instead: that is a
+caller's behaviour, not upstream's, and what it causes (a question stored twice, say) is the
+caller's. The published findings are shown by standalone scripts (examples/repro/hermes_agent/).
 """
 from __future__ import annotations
 
@@ -81,8 +81,9 @@ from hermes.extras import install_line
 from hermes.private_files import create_private_file, make_private_dirs
 from hermes.tools import ToolContext, registry
 from hermes.transcript import is_final_answer
-from targetkit import ANY, Promises, Target
+from targetkit import ANY, Promises, Target, TargetOption
 from worker.targets import Report, open_ledger, show, toolsets_of
+from worker.targets.hermes_agent_resume import GATEWAY, RESEND, RESUME_MODES, gateway_replay, is_recovery_row
 
 log = logging.getLogger("worker.targets.hermes_agent")
 
@@ -110,6 +111,10 @@ TARGET = Target(
                  "compaction": "upstream compacts by its token estimate, never below 64,000 tokens, with a summary "
                                "request of its own; --compact-above has no counterpart",
                  "compaction-mid-turn": "upstream compacts by its token estimate, never below 64,000 tokens"},
+    options={"resume": TargetOption(RESUME_MODES, GATEWAY,
+                                    "how a killed turn is resumed: gateway (upstream's own restart path: the "
+                                    "stored history with its replay cleanup and recovery note) or resend (the "
+                                    "caller re-sends the question: a caller's behaviour, not upstream's)")},
     forkserver=True, preload=(f"{__name__}:preload",), modules=("run_agent", "hermes_state"),
     extra="upstream", package=f"{NAME}=={VERSION}",
     install_hint=(f"the {NAME} target needs upstream Hermes ({NAME}=={VERSION}, the `upstream` extra): "
@@ -234,8 +239,8 @@ def _turns(conversation: list[dict[str, Any]]) -> tuple[int, UserContent | None,
     index, text, answered = -1, None, False
     for msg in conversation:
         if msg.get("role") == "user":
-            if index >= 0 and not answered and msg.get("content") == text:
-                continue  # the interrupted message taken again: the same turn (the checker's schema reader)
+            if index >= 0 and not answered and (msg.get("content") == text or is_recovery_row(msg.get("content"))):
+                continue  # the interrupted turn resumed, or its message taken again (the checker's schema reader)
             index, text, answered = index + 1, msg.get("content"), False
         elif is_final_answer(msg):
             answered = True
@@ -453,12 +458,15 @@ class UpstreamTarget:
             return []
         return self.db.get_messages_as_conversation(self.args.session)
 
-    def _run(self, message: UserContent, history: list[dict[str, Any]], turn_id: str) -> dict[str, Any]:
+    def _run(self, message: UserContent, history: list[dict[str, Any]], turn_id: str,
+             persist: str | None = None) -> dict[str, Any]:
+        """`persist`: the user text stored in the message's place (upstream's `persist_user_message`)."""
         self.turn_id = turn_id
         agent = self._agent()
         probes.fire("turn.start", session=self.args.session, turn=turn_id)
         result = agent.run_conversation(message, system_message=self.args.system_prompt,
-                                        conversation_history=history or None)
+                                        conversation_history=history or None,
+                                        **({} if persist is None else {"persist_user_message": persist}))
         probes.fire("finalize.before", session=self.args.session, turn=turn_id)
         probes.fire("finalize.after", session=self.args.session, turn=turn_id)
         return self._outcome(result, turn_id)
@@ -485,14 +493,22 @@ class UpstreamTarget:
         return self._run(self.args.message, history, wanted)
 
     def resume(self) -> dict[str, Any]:
-        """Reload the stored history and take the interrupted message again (the caller's re-send, not
-        upstream's own recovery: see the module docstring)."""
+        """Continue the interrupted turn as upstream's gateway does after a restart, or (resume=resend)
+        take its message again, the caller's re-send: see the module docstring."""
         session = self.args.session
         probes.fire("resume.begin", session=session)
         history = self._conversation()
         index, text, answered = _turns(history)
         if index < 0 or answered:
             return {"outcome": "nothing to resume", "target": NAME}
+        if (getattr(self.args, "target_options", None) or {}).get("resume", GATEWAY) != RESEND:
+            replay, note = gateway_replay(history)
+            turn_id = f"turn-{index}"
+            self.turn_id = turn_id
+            probes.fire("resume.reconciled", session=session, turn=turn_id, action="gateway-recovery-note",
+                        dropped=len(history) - len(replay))
+            # The gateway's auto-resume event has no text: that empty text is what it persists.
+            return self._run(note, replay, turn_id, persist="")
         # Everything from the interrupted turn's (last) user row on is dropped from the history
         # sent back; upstream appends the re-sent message and its rows after the stored ones.
         cut = max(i for i, m in enumerate(history) if m.get("role") == "user")

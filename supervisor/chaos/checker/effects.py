@@ -117,6 +117,9 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
       its tool is one of `read_only` (a user's tool declared idempotent and parallel-safe: it has
       no effect, so it may rerun freely);
     * no call executed more often than it was durably dispatched (one intent per dispatch);
+    * the two rules above hold per logical call too: runs of one tool with equal arguments in one
+      turn, under several call ids, are one call rerun under a new id (as a framework that asks
+      the model again after a crash does) unless the transcript asks for that call as often;
     * a result claiming success for a ledger-recording tool has an execution behind it
       (so an at_most_once success has exactly one); an error result may have none (the
       arguments were refused before anything ran);
@@ -173,6 +176,7 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
             flag(f"tool {tool} executed {len(done)} time(s) for call {key[2]} but was durably dispatched "
                  f"{len(intents.get(key, []))} time(s)", key, DAMAGE if promises.dispatch_intents else CONTRACT,
                  rule=RAN_UNDISPATCHED)
+    _reruns_under_new_ids(runs, _requested_calls(d), results, read_only, flag)
 
     kinds: Counter[str] = Counter()
     for key, rows in results.items():
@@ -204,6 +208,59 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
               "results": sum(kinds.values()), **{f"results_{k}": n for k, n in sorted(kinds.items())},
               "applied_writes": len(writes) if isinstance(writes, list) else 0}
     return verdict_of(EFFECT_SEMANTICS, violations, counts, unknown=not_judged, reason=NO_LEDGER)
+
+
+def _canonical_arguments(arguments: Any) -> str:
+    """One spelling of a call's arguments, however it was written (text or decoded)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return arguments
+    return json.dumps(arguments or {}, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _reruns_under_new_ids(runs: dict[CallKey, list[dict[str, Any]]],
+                          requested: dict[CallKey, tuple[str, Any]],
+                          results: dict[CallKey, list[dict[str, Any]]], read_only: Collection[str],
+                          flag: Callable[..., None]) -> None:
+    """At-most-once and idempotency per logical call: (session, turn, tool, arguments).
+
+    A framework that loses a call in a crash and asks the model again reruns it under the id
+    of the new reply; counted per call id, that rerun looks like a first run. Runs whose ledger
+    row has no arguments (a ledger older than that column) are judged per call id alone. The
+    transcript may really ask for one call several times in a turn: as many call ids as it asks
+    for are separate calls, only the ids beyond them are reruns; and so is one run by a later
+    process after a run whose result was never stored (the call lost, and asked for again)."""
+    groups: dict[tuple[str, str, str, str], list[CallKey]] = defaultdict(list)
+    for key, done in runs.items():
+        if done[0].get("arguments") is None:
+            continue
+        groups[(key[0], key[1], done[0]["tool"], _canonical_arguments(done[0]["arguments"]))].append(key)
+    for (session, turn, tool, arguments), keys in groups.items():
+        if len(keys) < 2:
+            continue
+        asked = sum(1 for k, (name, args) in requested.items()
+                    if k[:2] == (session, turn) and name == tool and _canonical_arguments(args) == arguments)
+        allowed = max(1, asked)
+        unanswered = [min(e["incarnation"] for e in runs[k]) for k in keys if not results.get(k)]
+        lost_then_rerun = any(e["incarnation"] > first for first in unanswered for k in keys for e in runs[k])
+        if len(keys) <= allowed and not lost_then_rerun:
+            continue
+        allowed = min(allowed, len(keys) - 1)
+        done = [e for k in keys for e in runs[k]]
+        policies = {e["policy"] for e in done}
+        ids = sorted(k[2] for k in keys)
+        witness = {"executions": done, "call_ids": ids, "arguments": arguments, "asked": asked}
+        if AT_MOST_ONCE in policies:
+            flag(f"at_most_once tool {tool} executed {len(done)} times for one call ({arguments}) of turn {turn}, "
+                 f"rerun under {len(ids)} call ids where the transcript asks for it {asked} time(s)",
+                 keys[0], rule=RERUN, **witness)
+        ikeys = {e["idempotency_key"] for e in done if e["idempotency_key"] is not None}
+        if IDEMPOTENT in policies and len(ikeys) > allowed and tool not in read_only:
+            flag(f"idempotent tool {tool} reran one call ({arguments}) of turn {turn} under {len(ikeys)} "
+                 f"different idempotency keys, with {len(ids)} call ids", keys[0], rule=RERUN,
+                 idempotency_keys=sorted(map(str, ikeys)), **witness)
 
 
 def _keyed_writes(writes: list[dict[str, Any]] | str | None, keyed_writes: Collection[str],

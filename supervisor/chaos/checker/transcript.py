@@ -20,6 +20,7 @@ from supervisor.chaos.checker.evidence import (
     when,
 )
 from supervisor.chaos.checker.powercut import excused_losses
+from targetkit.schema import RESUMES_TURN
 from supervisor.chaos.checker.verdict import (
     ANSWER_ONCE,
     NO_DUPLICATE_ROWS,
@@ -201,7 +202,8 @@ def _turns_own_their_question(d: Durable) -> list[Violation]:
         if turn["state"] == "queued":
             continue
         rows = originals.get(turn["id"], [])
-        users = [r for r in rows if r["role"] == "user"]
+        # A row its schema reader marks as the turn's resume asks nothing: it is no second question.
+        users = [r for r in rows if r["role"] == "user" and not r.get(RESUMES_TURN)]
         if len(users) != 1 or rows[0]["role"] != "user" or not _same_question(users[0]["content"], turn["user_text"]):
             out.append(Violation(WELL_FORMED, f"turn {turn['id']} ({turn['state']}) does not start with exactly "
                                               "one user row holding its question",

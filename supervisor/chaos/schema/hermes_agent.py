@@ -25,7 +25,8 @@ from typing import Any
 # open_snapshot fails with a sqlite3.DatabaseError (ReadOnlyOpenError), as the readers here expect.
 from hermes.state import open_snapshot
 from hermes.transcript import is_final_answer
-from targetkit.schema import Stored, TurnRow
+from targetkit.schema import RESUMES_TURN, Stored, TurnRow
+from worker.targets.hermes_agent_resume import is_recovery_row
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
@@ -66,14 +67,16 @@ def _json(text: Any) -> Any:
 def assign_turns(rows: list[tuple[Any, ...]]) -> list[int]:
     """The turn index of each (role, content, tool_calls) row, in id order.
 
-    A user row starts the next turn, except a user row that repeats the text of the
-    previous turn while that turn has no final answer: that is the interrupted message
-    taken again after a restart (how the worker resumes upstream), the same turn.
+    A user row starts the next turn, except one written while the previous turn has no final
+    answer that resumes it: the row upstream's gateway stores for its recovery note (see
+    worker.targets.hermes_agent_resume), or the interrupted message taken again (a caller's
+    re-send, `--target-option resume=resend`).
     """
     out: list[int] = []
     k, text, answered = -1, None, False
     for role, content, calls in rows:
-        if role == "user" and not (k >= 0 and not answered and content == text):
+        resumes = k >= 0 and not answered and (content == text or is_recovery_row(content))
+        if role == "user" and not resumes:
             k, text, answered = k + 1, content, False
         elif is_final_answer({"role": role, "content": content, "tool_calls": calls}):
             answered = True
@@ -101,19 +104,25 @@ def read(source: Path | sqlite3.Connection,
             decoded = [_json(r[4]) or None for r in raw]
             ks = assign_turns([(r[1], r[2], calls) for r, calls in zip(raw, decoded)])
             by_turn: dict[int, dict[str, Any]] = {}
+            opened: dict[int, int] = {}  # turn -> the id of the user row that opened it
             for (rid, role, content, call_id, _calls, tool_name, ts, is_active), calls, k in zip(raw, decoded, ks):
                 if k >= 0 and k not in by_turn:
                     by_turn[k] = {"id": f"turn-{k}", "session_id": session, "state": "running",
                                   "user_text": content, "attempts": 1, "error": None, "created_at": ts,
                                   "started_at": ts, "ended_at": None}
                     turns.append(by_turn[k])
+                    opened[k] = rid
                 answer = is_final_answer({"role": role, "content": content, "tool_calls": calls})
                 if k >= 0 and int(is_active) and answer:
                     by_turn[k]["state"], by_turn[k]["ended_at"] = "done", ts
-                rows.append({"id": rid, "session_id": session, "turn_id": f"turn-{k}" if k >= 0 else None,
-                             "role": role, "content": content, "tool_calls": calls,
-                             "tool_call_id": call_id, "name": tool_name, "extra": None,
-                             "active": int(is_active), "cloned_from": None, "created_at": ts})
+                row = {"id": rid, "session_id": session, "turn_id": f"turn-{k}" if k >= 0 else None,
+                       "role": role, "content": content, "tool_calls": calls,
+                       "tool_call_id": call_id, "name": tool_name, "extra": None,
+                       "active": int(is_active), "cloned_from": None, "created_at": ts}
+                if role == "user" and k >= 0 and rid != opened[k] and is_recovery_row(content):
+                    # The gateway's resume of this turn, not a question (checker.transcript reads the mark).
+                    row[RESUMES_TURN] = True
+                rows.append(row)
         rows.sort(key=lambda r: r["id"])
         return sessions, rows, turns
     finally:
