@@ -1,4 +1,4 @@
-"""python scripts/nightly_report.py OUT NAME=DIR...: the nightly run's one page, from every report it made.
+"""python scripts/nightly_report.py OUT [--mutation FIGURE] NAME=DIR...: the nightly run's one page, from every report it made.
 
 The nightly workflow runs campaigns that cannot be shards of one campaign (other modes, other
 stores, other faults), so `hermes-supervisor merge` cannot join them; each keeps its own report
@@ -9,6 +9,10 @@ index.json (0600) and a copy of nothing else: the reports stay where they were u
 Exit 0 when every named report exists, finished and passed; 1 otherwise (the page says which and
 why), so the job that runs it fails the night on any campaign, and a campaign that left no report
 (its job died before writing one) counts as failed, never as absent.
+
+`--mutation FIGURE` adds the night's mutation score (the merged mutation.json, `scripts/mutation
+merge`), per module; it informs and never fails the night: a survivor is a blind spot to triage
+(mutation/triage.toml), not a broken build.
 """
 from __future__ import annotations
 
@@ -70,7 +74,23 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def mutation_section(figure: Path) -> str:
+    """The mutation score per module, from a merged mutation.json (or why there is none)."""
+    try:
+        modules = json.loads(figure.read_text(encoding="utf-8"))["modules"]
+    except (OSError, ValueError, KeyError) as exc:
+        return f"## Mutation score\n\nno mutation figure ({type(exc).__name__}): the mutation jobs left none.\n"
+    lines = ["## Mutation score", "", "| module | made | killed | equivalent | survived |", "| --- | ---: | ---: | ---: | ---: |"]
+    for name, m in sorted(modules.items()):
+        lines.append(f"| {name} | {m.get('made', 0)} | {m.get('killed', 0)} | {m.get('equivalent', 0)} | "
+                     f"{m.get('survived', 0)} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
+    mutation = None
+    if len(argv) > 2 and argv[1] == "--mutation":
+        mutation, argv = Path(argv[2]), [argv[0], *argv[3:]]
     if len(argv) < 2 or any("=" not in a for a in argv[1:]):
         print(__doc__.splitlines()[0], file=sys.stderr)
         return 2
@@ -78,7 +98,7 @@ def main(argv: list[str]) -> int:
     named = [a.split("=", 1) for a in argv[1:]]
     rows = [row(name, read_report(Path(directory))) for name, directory in named]
     make_private_dirs(out)
-    page = markdown(rows)
+    page = markdown(rows) + ("\n" + mutation_section(mutation) if mutation is not None else "")
     write_private(out / "index.md", page)
     write_private(out / "index.json", json.dumps({"campaigns": rows}, indent=2) + "\n")
     print(page)

@@ -89,3 +89,15 @@ def test_the_nightly_workflow_runs_every_campaign_ci_cannot_and_pages_them_all()
     page = next(s for s in flow["jobs"]["report"]["steps"] if s.get("name") == "One page for the night")["run"]
     assert all(f" {name} " in f" {page.split('for name in ')[1].split(';')[0]} " for name in args), page
     assert set(flow["jobs"]["report"]["needs"]) >= {"merge", "campaign"}
+
+
+def test_the_mutation_score_is_on_the_page_and_never_fails_the_night(tmp_path: Path) -> None:
+    pause = _report(tmp_path / "pause")
+    figure = tmp_path / "mutation.json"
+    figure.write_text(json.dumps({"modules": {"hermes/resume.py": {"made": 130, "killed": 39, "equivalent": 47,
+                                                                   "survived": 34}}}))
+    done = _run(tmp_path / "out", "--mutation", str(figure), f"pause={pause}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| hermes/resume.py | 130 | 39 | 47 | 34 |" in (tmp_path / "out" / "index.md").read_text()
+    gone = _run(tmp_path / "out2", "--mutation", str(tmp_path / "none.json"), f"pause={pause}")
+    assert gone.returncode == 0 and "no mutation figure" in gone.stdout
