@@ -23,7 +23,7 @@ limit. Every choice is ordered simplest first, which is the direction Hypothesis
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,10 +102,18 @@ def turns(draw: Any, excluded: Collection[str], stream: bool) -> TurnPlan:
 @st.composite
 def conversations(draw: Any, excluded: Collection[str] = ()) -> Conversation:
     """A conversation avoiding the features in `excluded` (what the target cannot take)."""
+    return assemble(draw, lambda stream: turns(excluded, stream), excluded)
+
+
+def assemble(draw: Any, turn_plans: Callable[[bool], st.SearchStrategy[TurnPlan]],
+             excluded: Collection[str], max_turns: int = MAX_TURNS) -> Conversation:
+    """A conversation of turns drawn by `turn_plans(stream)`: whether it streams, 1 to `max_turns`
+    turns (some asking an earlier turn's message again), then whether older turns are compacted.
+    One order of draws for every kind of conversation, so a seed always draws the same one."""
     stream = "streaming" not in excluded and draw(st.booleans())
     # Each turn comes with a number saying whether it asks an earlier turn's message again (a list
     # of whole turns, so Hypothesis shrinks by deleting turns).
-    drawn_turns = draw(st.lists(st.tuples(st.integers(0, 4), turns(excluded, stream)), min_size=1, max_size=MAX_TURNS))
+    drawn_turns = draw(st.lists(st.tuples(st.integers(0, 4), turn_plans(stream)), min_size=1, max_size=max_turns))
     plans: list[TurnPlan] = []
     for index, (again, plan) in enumerate(drawn_turns):
         if index and again == 4 and "repeated-message" not in excluded:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from hypothesis import strategies as st
 
 from supervisor.chaos.conversation import Call, Conversation, Step, TurnPlan
-from supervisor.chaos.explore import _text
+from supervisor.chaos.explore import _text, assemble
 from supervisor.chaos.schema_draws import Undrawable, strategy
 
 if TYPE_CHECKING:
@@ -107,15 +107,4 @@ def _turn(draw: Any, tools: tuple[ToolSpec, ...], excluded: Collection[str], str
 @st.composite
 def conversations(draw: Any, tools: tuple[ToolSpec, ...], excluded: Collection[str] = ()) -> Conversation:
     """A conversation over `tools` (every one usable), avoiding the features in `excluded`."""
-    stream = "streaming" not in excluded and draw(st.booleans())
-    drawn = draw(st.lists(st.tuples(st.integers(0, 4), _turn(tools, excluded, stream)), min_size=1,
-                          max_size=MAX_TURNS))
-    plans: list[TurnPlan] = []
-    for index, (again, plan) in enumerate(drawn):
-        if index and again == 4 and "repeated-message" not in excluded:
-            plan = TurnPlan("", answer="", repeat_of=(index - 1) // 2)
-        plans.append(plan)
-    compact = 0
-    if "compaction" not in excluded and len(plans) >= 2 and draw(st.booleans()):
-        compact = draw(st.sampled_from((8, 6, 4)))
-    return Conversation(tuple(plans), stream, compact)
+    return assemble(draw, lambda stream: _turn(tools, excluded, stream), excluded, MAX_TURNS)
