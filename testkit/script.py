@@ -115,8 +115,33 @@ def _digest(obj: Any) -> str:
 
 
 def request_key(messages: list[dict]) -> str:
-    """Identity of a request for fault counting and completion ids."""
-    return _digest(messages)
+    """Identity of a request for fault counting and completion ids: its content, each tool call id
+    numbered by its first appearance. The ids are the model's own choice, fresh for a repeated
+    request, and with several cases sharing one server which repeat a case meets depends on the
+    others; a request's identity (and so the fault it draws) must not, or a case run alone from its
+    repro line would meet other faults than it met in its campaign."""
+    return _digest(_numbered_call_ids(messages))
+
+
+def _numbered_call_ids(messages: list[dict]) -> list[Any]:
+    numbers: dict[str, str] = {}
+
+    def number(call_id: Any) -> Any:
+        return numbers.setdefault(call_id, f"call-{len(numbers)}") if isinstance(call_id, str) else call_id
+
+    out: list[Any] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            out.append(message)
+            continue
+        message = dict(message)
+        if isinstance(message.get("tool_calls"), list):
+            message["tool_calls"] = [{**c, "id": number(c.get("id"))} if isinstance(c, dict) else c
+                                     for c in message["tool_calls"]]
+        if "tool_call_id" in message:
+            message["tool_call_id"] = number(message["tool_call_id"])
+        out.append(message)
+    return out
 
 
 def turn_start(messages: list[dict]) -> int | None:

@@ -93,9 +93,21 @@ def twin_transcript(d: Durable) -> list[list[Any]]:
     """A recovered transcript as recovery-determinism compares it: per row, in id order, its
     session, turn, role, active flag, whether it is a compaction clone, and the digest of what
     it says (role, content, tool calls, call id, name), with the start of its text to read.
-    Row ids, timestamps and lease epochs are left out: two recoveries need not agree on them."""
+    Row ids, timestamps and lease epochs are left out: two recoveries need not agree on them.
+    Nor on the ids of the calls the model asks for: each request gets fresh ones, as a real
+    model's do, so two recoveries that send the same request get different ids; each call id is
+    replaced by its number of first appearance, so the same calls in the same places still agree."""
     out: list[list[Any]] = []
+    numbers: dict[str, str] = {}
+
+    def number(call_id: Any) -> Any:
+        return numbers.setdefault(call_id, f"call-{len(numbers)}") if isinstance(call_id, str) else call_id
+
     for row in d.rows:
+        calls = row.get("tool_calls")
+        row = {**row, "tool_call_id": number(row.get("tool_call_id")),
+               "tool_calls": [{**c, "id": number(c.get("id"))} if isinstance(c, dict) else c for c in calls]
+               if isinstance(calls, list) else calls}
         content = row.get("content")
         text = content if isinstance(content, str) else canonical_json(content)
         out.append([row["session_id"], row["turn_id"], row["role"], int(row["active"]),

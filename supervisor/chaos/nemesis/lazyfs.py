@@ -81,6 +81,16 @@ def _unescape(field: str) -> str:
     return field.encode().decode("unicode_escape").encode("latin-1").decode("utf-8", "surrogateescape")
 
 
+def _connect(conn: socket.socket, path: Path) -> None:
+    """Connect to the Unix socket at `path`, however long the path: through a descriptor of its
+    directory (/proc/self/fd/N/NAME), since a socket address holds only about 100 bytes."""
+    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        conn.connect(f"/proc/self/fd/{directory}/{path.name}")
+    finally:
+        os.close(directory)
+
+
 class LazyFSError(Exception):
     """The lazy file system did not start, or refused a request; says why."""
 
@@ -136,7 +146,7 @@ class LazyFSServer:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout_s)
             try:
-                conn.connect(str(self.control))
+                _connect(conn, self.control)
                 conn.sendall(json.dumps(payload).encode() + b"\n")
                 answer = json.loads(conn.makefile("rb").readline())
             except (OSError, ValueError) as exc:

@@ -156,9 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_watch_lifeline, args=(args.lifeline, server, Path(args.control).parent),
                          name="lazyfs-lifeline", daemon=True).start()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(f"{args.control}.new")
+    # A socket's path is limited to about 100 bytes, and the private directory may sit deep in a
+    # long TMPDIR: bind it by its name alone, from inside that directory.
+    control = Path(args.control)
+    os.chdir(control.parent)
+    listener.bind(f"{control.name}.new")
     listener.listen()
-    os.rename(f"{args.control}.new", args.control)  # the name appears once a connection can be taken
+    os.rename(f"{control.name}.new", control.name)  # the name appears once a connection can be taken
     finished = threading.Event()
     threading.Thread(target=_serve_control, args=(listener, server, finished), name="lazyfs-control",
                      daemon=True).start()
