@@ -208,6 +208,28 @@ def test_your_own_tools_with_no_key(tmp_path: Path, daemons: Daemons) -> None:
 
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
+def test_the_workers_run_where_the_config_says(tmp_path: Path, daemons: Daemons) -> None:
+    """`workdir` in the config file (relative to the file), as `--workdir DIR`: the tools' relative
+    paths land there, not where serve started, nor in this project."""
+    home = write_module(tmp_path / "agent", "travel_tools", TRAVEL_TOOLS)
+    (tmp_path / "agent" / "work").mkdir()
+    config = tmp_path / "agent" / "serve.toml"
+    config.write_text('workdir = "work"\n', encoding="utf-8")
+    env = env_for(tmp_path)
+    env["PYTHONPATH"] = str(REPO)
+    db = home / "state.db"
+    daemons(db, "--config", str(config), "--tools", "travel_tools", "--workers", "1", env=env, cwd=home)
+    turn = inbox.submit(db, "trip", "Porto")[0]
+    got = cli("result", "--db", str(db), turn, "--wait", "--timeout", "60", env=env)
+    assert got.returncode == 0, got.stderr
+    assert (home / "work" / "bookings.txt").read_text(encoding="utf-8") == "Porto\n"
+    assert not (home / "bookings.txt").exists() and not (REPO / "bookings.txt").exists()
+    refused = cli("serve", "--db", str(db), "--workdir", str(tmp_path / "nowhere"), env=env)
+    assert refused.returncode == 2 and "is not a directory" in refused.stderr
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
 def test_a_tool_the_built_in_model_cannot_call_is_a_warning_at_start(tmp_path: Path, daemons: Daemons) -> None:
     home = write_module(tmp_path / "agent", "picky_tools", PICKY_TOOLS)
     env = env_for(tmp_path)

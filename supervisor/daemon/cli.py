@@ -104,6 +104,9 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument("--ledger", type=Path, default=None, metavar="PATH",
                        help="the tools' effects ledger (default: beside the database, or in --home); daemons "
                             "of a fleet on one host may share one")
+    serve.add_argument("--workdir", type=Path, default=None, metavar="DIR",
+                       help="where the workers run, so that a tool writing a relative path writes there "
+                            "(default: the directory serve was started in)")
     serve.add_argument("--workers", type=positive_int, default=None, metavar="N",
                        help="worker processes at once (default 4)")
     serve.add_argument("--base-url", default=None, metavar="URL",

@@ -210,6 +210,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if system_prompt is not None and len(system_prompt.encode("utf-8")) > 100_000:
         raise UsageError("the system prompt is longer than 100000 bytes")
     api_key, api_key_file = _api_key(settings)
+    workdir = settings.get("workdir")
+    if workdir is not None and not Path(workdir).is_dir():
+        raise UsageError(f"--workdir {workdir} is not a directory")
     tools = settings.get("tools")
     if tools is None and base_url is None:
         tools = "chaos"  # the built-in demo model looks things up with the chaos tools
@@ -229,7 +232,8 @@ def run_serve(args: argparse.Namespace) -> int:
                           forkserver=not args.no_forkserver, tools=tools or "", import_paths=import_roots,
                           system_prompt=system_prompt, stream=bool(settings.get("stream", False)),
                           synchronous=settings.get("synchronous", "FULL"), http=settings.get("http"),
-                          api_key=api_key, api_key_file=api_key_file)
+                          api_key=api_key, api_key_file=api_key_file,
+                          workdir=Path(workdir).absolute() if workdir is not None else None)
     if config.http:
         _check_http(config, bool(getattr(args, "http_allow_remote", False)))
     if store is not None:

@@ -75,6 +75,7 @@ class DaemonConfig:
     store: str | None = field(default=None, repr=False)  # may hold a password
     claim_ttl: float = 10.0              # how long a claim on a session outlives its daemon's last renewal
     ledger: Path | None = None           # the tools' effects ledger (default: beside `db`)
+    workdir: Path | None = None          # where the workers run (default: where serve was started)
 
     @property
     def location(self) -> str | Path:
@@ -202,6 +203,7 @@ def _keys(base: Path) -> dict[str, tuple[str, Callable[[Any], Any]]]:
         "home": ("home", path),
         "claim_ttl": ("claim_ttl", _seconds(positive=True)),
         "ledger": ("ledger", path),
+        "workdir": ("workdir", path),
         "base_url": ("base_url", _url),
         "model": ("model", _text),
         "api_key_env": ("api_key_env", _env_name),
@@ -229,7 +231,7 @@ LIMITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 EXCLUSIVE = (("api_key_env", "api_key_file"), ("system_prompt", "system_prompt_file"), ("db", "store"))
 # every serve flag a key stands for (`http` is the HTTP API's own flag, when there is one)
-DESTS = ("db", "store", "home", "claim_ttl", "ledger", "base_url", "model", "api_key_env", "api_key_file", "system_prompt", "system_prompt_file", "tools",
+DESTS = ("db", "store", "home", "claim_ttl", "ledger", "workdir", "base_url", "model", "api_key_env", "api_key_file", "system_prompt", "system_prompt_file", "tools",
          "workers", "synchronous", "stream", "drain_seconds", "request_timeout", "log_file", "log_level", "json_logs",
          *(dest for dest, _ in LIMITS.values()))
 

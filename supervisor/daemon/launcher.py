@@ -58,7 +58,7 @@ class Launcher:
                                                  *filter(None, [os.environ.get("PYTHONPATH")])])
         # A fleet's workers use psycopg: imported once by the template, not once per worker (~150 ms each).
         preload = ("hermes.store.pg.sessiondb",) if self.config.store is not None else ()
-        return Pool(forkserver=self.config.forkserver, env=env, preload=preload)
+        return Pool(forkserver=self.config.forkserver, env=env, preload=preload, cwd=self.config.workdir)
 
     def clear_messages(self) -> None:
         """The private directory of message files (0700), emptied."""
