@@ -27,7 +27,7 @@ from supervisor.chaos.nemesis.family import fault_names
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOW = REPO / ".github" / "workflows" / "chaos-nightly.yml"
 DEFECTS = REPO / "tests" / "defects"
-TINY_PLAN = "--mode random --seed 11 --runs 4 --scenario single-tool --jobs 2"
+TINY_PLAN = "--mode random --seed 11 --runs 4 --scenario writes --jobs 2"
 GITHUB = {"github.run_id": "4242", "github.run_attempt": "1"}
 TIMEOUT_S = 300.0
 
