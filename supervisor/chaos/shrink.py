@@ -138,11 +138,14 @@ class Shrinker:
         config = self.runs.config
         excluded = tuple(sorted(registry.get(config.target).unsupported))
         talk = None
-        if config.tools:  # a user's own tools: the draw replayed is theirs (supervisor.chaos.own_tools)
+        from supervisor.chaos.app_tools import for_config
+
+        tools = config.tools or for_config(config)  # a user's own tools, or their app's, as Campaign.draw
+        if tools:  # the draw replayed is theirs (supervisor.chaos.own_tools, supervisor.chaos.app_tools)
             from supervisor.chaos import own_draws
             from supervisor.chaos.own_tools import prepare
 
-            talk = own_draws.conversations(prepare(config.tools, "generated").usable, excluded)
+            talk = own_draws.conversations(prepare(tools, "generated").usable, excluded)
 
         @seed(explore.case_seed(config.seed, self.index))
         @explore.hypothesis_settings(phases=(Phase.generate, Phase.shrink))
