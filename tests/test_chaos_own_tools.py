@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime
 from enum import Enum
@@ -27,7 +26,7 @@ from uuid import UUID
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from procutil import stop_tree
+from procutil import run_bounded
 from pydantic import BaseModel, Field
 from test_checker import SID, Scenario, call
 
@@ -54,17 +53,7 @@ def _env(defect: bool = False) -> dict[str, str]:
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, text=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=BOUND_S)
-    except subprocess.TimeoutExpired:
-        stop_tree(proc)
-        out, err = proc.communicate()
-        pytest.fail(f"{argv} did not finish in {BOUND_S:.0f}s\n{out[-3000:]}\n{err[-3000:]}")
-    finally:
-        stop_tree(proc)  # a no-op once reaped
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return run_bounded(argv, cwd, env, BOUND_S)
 
 
 def chaos(*args: str, defect: bool = False) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procutil import stop_tree
+from procutil import run_bounded
 
 from targetkit import OptionError, Target, TargetOption, parse_policies, tool_policy
 from targetkit.policies import UNDECLARED, declared_policy, resolve
@@ -194,17 +194,7 @@ def _env(apps: Path) -> dict[str, str]:
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, text=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=BOUND_S)
-    except subprocess.TimeoutExpired:
-        stop_tree(proc)
-        out, err = proc.communicate()
-        pytest.fail(f"{argv} did not finish in {BOUND_S:.0f}s\n{out[-3000:]}\n{err[-3000:]}")
-    finally:
-        stop_tree(proc)  # a no-op once reaped
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return run_bounded(argv, cwd, env, BOUND_S)
 
 
 def by_promise(report: dict[str, Any]) -> Counter[tuple[str, str, str]]:

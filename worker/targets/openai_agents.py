@@ -304,20 +304,20 @@ def execute(args: Any, link: Any, report: Report) -> int:
         try:
             target = _open(args, link)
         except sqlite3.Error as exc:  # the session store cannot even be opened
-            cause = persistence_failure.classify(exc, args.db)
-            return report({"outcome": "failed", "session": args.session, "turn_id": getattr(args, "turn_id", None),
-                           "final_response": None, "turn_exit_reason": "error",
-                           "failure_reason": f"session_persistence_failed:{cause}",
-                           "error": persistence_failure.describe(cause, str(exc), Path(args.db)), "target": NAME})
-        try:
-            out = asyncio.run(target.resume() if args.command == "resume" else target.run())
-        except sqlite3.Error as exc:  # reading the session's items failed
-            out = target._failed(getattr(args, "turn_id", None), exc)
-        finally:
-            target.close()
+            return report(target_failure(args, exc))
+        return report(_turn(args, target))
     finally:
         ledger.close()
-    return report(out)
+
+
+def _turn(args: Any, target: AgentsTarget) -> dict[str, Any]:
+    """Run or resume the turn on `target` (closed after); its outcome."""
+    try:
+        return asyncio.run(target.resume() if args.command == "resume" else target.run())
+    except sqlite3.Error as exc:  # reading the session's items failed
+        return target._failed(getattr(args, "turn_id", None), exc)
+    finally:
+        target.close()
 
 
 def _execute_app(args: Any, link: Any, report: Report) -> int:
@@ -333,15 +333,9 @@ def _execute_app(args: Any, link: Any, report: Report) -> int:
     except ValueError as exc:  # the agent cannot be used (worker.targets.langgraph_app.AppUnusable, a policy)
         raise UsageError(str(exc)) from None
     try:
-        try:
-            out = asyncio.run(target.resume() if args.command == "resume" else target.run())
-        except sqlite3.Error as exc:
-            out = target._failed(getattr(args, "turn_id", None), exc)
-        finally:
-            target.close()
+        return report(_turn(args, target))
     finally:
         ledger.close()
-    return report(out)
 
 
 def target_failure(args: Any, exc: sqlite3.Error) -> dict[str, Any]:
