@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -75,9 +76,13 @@ def test_every_script_imports_only_its_library_and_the_standard_library() -> Non
 
 
 @pytest.mark.parametrize("script", [pytest.param(s, id=s.script, marks=_marks(s)) for s in SCRIPTS])
-def test_the_script_still_shows_what_is_published(script: Script) -> None:
-    # Its own session, so a hung script and the children it started are stopped by recorded pid.
+def test_the_script_still_shows_what_is_published(script: Script, tmp_path: Path) -> None:
+    # Its own session, so a hung script and the children it started are stopped by recorded pid;
+    # a temporary directory of its own, which it must leave as it found it (empty).
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     proc = subprocess.Popen([sys.executable, str(script.path)], cwd=REPO, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(scratch)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=600)
@@ -87,3 +92,4 @@ def test_the_script_still_shows_what_is_published(script: Script) -> None:
     assert proc.returncode == 1, f"{script.script} exited {proc.returncode} (1 = the defect is still there):\n{out}"
     for phrase in script.damage:
         assert phrase in out, f"{script.script} no longer says {phrase!r}:\n{out}"
+    assert not list(scratch.iterdir()), f"{script.script} left {sorted(p.name for p in scratch.iterdir())} behind"

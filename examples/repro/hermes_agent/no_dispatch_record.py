@@ -91,11 +91,15 @@ def start_model(target: str) -> ThreadingHTTPServer:
 # ---------------------------------------------------------------- the child
 def private_home(workdir: Path) -> None:
     """Upstream reads HERMES_HOME when imported: a home of this run's own, with a context length
-    in its config so upstream never looks the model up on the network."""
+    in its config so upstream never looks the model up on the network; and a temporary directory
+    of its own, where upstream's file tools keep their shell snapshot (else in /tmp, left behind)."""
     home = workdir / "hermes-home"
     home.mkdir(exist_ok=True)
     (home / "config.yaml").write_text("model:\n  context_length: 128000\n")
     os.environ["HERMES_HOME"] = str(home)
+    scratch = workdir / "tmp"
+    scratch.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(scratch)
 
 
 def child(model_url: str, workdir: str, shown: str, kill_at: str) -> None:
