@@ -124,7 +124,7 @@ def run_shard(source: Path, work: Path, shard: tuple[int, int], modules: list[st
         source_text = (state["pristine"] / module).read_text()
         for m in mine:
             if mutants.in_annotation(source_text, m.line, m.col):
-                # Never run: triage.toml's rule `annotation` says why it is equivalent.
+                # Never run: no program changes (mutation.score counts it apart, not as made).
                 record["mutants"][m.id] = {"operator": m.operator, "line": m.line, "line_text": m.line_text,
                                            "seconds": 0.0, "outcome": "annotation"}
                 continue

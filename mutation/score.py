@@ -67,11 +67,7 @@ def triage_key(module: str, operator: str, line_text: str, rank: int) -> str:
 def load_triage(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
     """{"equivalent": {mutant id: entry}, "survivor": {...}} from the reviewed file."""
     data = tomllib.loads(path.read_text()) if path.exists() else {}
-    found: dict[str, dict[str, dict[str, Any]]] = {"equivalent": {}, "survivor": {}, "rules": {}}
-    for name, reason in data.get("rules", {}).items():
-        if not str(reason).strip():
-            raise ValueError(f"{path}: rule {name} without a reason")
-        found["rules"][name] = {"reason": reason}
+    found: dict[str, dict[str, dict[str, Any]]] = {"equivalent": {}, "survivor": {}}
     for kind in ("equivalent", "survivor"):
         for entry in data.get(kind, []):
             if not entry.get("reason", "").strip():
@@ -89,19 +85,23 @@ def figures(merged: dict[str, Any], triage: dict[str, dict[str, dict[str, Any]]]
     seconds: dict[str, list[float]] = {"all": [], "killed": [], "survived": []}
     for module in sorted(merged["modules"]):
         record = merged["modules"][module]
-        row: dict[str, Any] = {"made": record["made"], "run": 0, "killed": 0, "equivalent": 0, "survived": 0,
-                               "not_executed": 0, "timeout": 0, "errors": 0, "incompetent": 0, "equivalents": [], "survivors": []}
+        # cosmic-ray also mutates type annotations, which a module with `from __future__ import
+        # annotations` never evaluates: the program does not change, so they are not counted as made;
+        # how many there were is kept beside the row.
+        in_annotations = sum(e["outcome"] == "annotation" for e in record["mutants"].values())
+        row: dict[str, Any] = {"made": record["made"] - in_annotations, "in_annotations": in_annotations,
+                               "run": 0, "killed": 0, "equivalent": 0, "survived": 0, "not_executed": 0,
+                               "timeout": 0, "errors": 0, "incompetent": 0, "equivalents": [], "survivors": []}
         if record.get("incomplete"):
             row["incomplete"] = True
         for mutant_id in sorted(record["mutants"]):
             entry = record["mutants"][mutant_id]
             outcome = entry["outcome"]
-            if outcome in ("no-mutation", "incompetent"):
+            if outcome in ("no-mutation", "incompetent", "annotation"):
                 row["incompetent"] += outcome == "incompetent"
                 continue
-            if outcome != "annotation":  # rule-equivalent mutants are recognised, never run
-                row["run"] += 1
-                seconds["all"].append(entry["seconds"])
+            row["run"] += 1
+            seconds["all"].append(entry["seconds"])
             if outcome == "survived":  # what a mutant the oracle ran and did not kill cost, whatever its triage
                 seconds["survived"].append(entry["seconds"])
             about = {"id": mutant_id, "operator": entry["operator"], "line": entry["line"],
@@ -113,13 +113,10 @@ def figures(merged: dict[str, Any], triage: dict[str, dict[str, dict[str, Any]]]
                 row["timeout"] += 1
             elif outcome == "error":
                 row["errors"] += 1
-            elif mutant_id in triage["equivalent"] or outcome in triage["rules"]:
-                # A mutant a rule covers (one inside a type annotation) is never run; its reason is the rule's.
-                reason = (triage["rules"].get(outcome) or triage["equivalent"][mutant_id])["reason"]
-                if outcome not in triage["rules"]:
-                    matched.add(mutant_id)
+            elif mutant_id in triage["equivalent"]:
+                matched.add(mutant_id)
                 row["equivalent"] += 1
-                row["equivalents"].append(dict(about, reason=reason))
+                row["equivalents"].append(dict(about, reason=triage["equivalent"][mutant_id]["reason"]))
             else:
                 row["survived"] += 1
                 if outcome == "unexecuted":
@@ -151,17 +148,19 @@ def render(fig: dict[str, Any]) -> str:
              f"Measured with {fig['tool']}; oracle: {_scope(fig['oracle_groups'])}. "
              "Modules absent from the table have not been run yet.", "",
              "Of the mutants each module makes: `run` through the oracle; `killed`; `equivalent` (reviewed in "
-             "`mutation/triage.toml`, with those a rule recognises unrun); `survived` (of which no case "
-             "executes the line); `timeout` (cosmic-ray's own); score = killed / (killed + survived + timeout). "
-             "Mutants Python cannot compile are not counted.", "",
-             "| module | made | run | killed | equivalent | survived (not executed) | timeout | score |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "`mutation/triage.toml`); `survived` (of which no case executes the line); `timeout` (cosmic-ray's "
+             "own); score = killed / (killed + survived + timeout). Not counted as made: mutants Python cannot "
+             "compile, and cosmic-ray's mutants of type annotations, which these modules never evaluate "
+             "(`from __future__ import annotations`), shown apart.", "",
+             "| module | made | run | killed | equivalent | survived (not executed) | timeout | score | annotations |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for module, row in fig["modules"].items():
         judged = row["killed"] + row["survived"] + row["timeout"]
         score = f"{100 * row['killed'] / judged:.0f} %" if judged else "-"
         flag = " (partial)" if row.get("incomplete") else ""
         lines.append(f"| `{module}`{flag} | {row['made']} | {row['run']} | {row['killed']} | {row['equivalent']} | "
-                     f"{row['survived']} ({row['not_executed']}) | {row['timeout']} | {score} |")
+                     f"{row['survived']} ({row['not_executed']}) | {row['timeout']} | {score} | "
+                     f"{row.get('in_annotations', 0)} |")
     cost = fig["cost_seconds_per_mutant"]
     parts = [f"{k} {v['median']} s (n={v['n']})" for k, v in cost.items() if v.get("n")]
     if parts:
