@@ -126,9 +126,11 @@ the {demo['baselines']} fault-free baselines they are derived from, {demo['cases
 (`{demo['command']}`, run on {demo['date']}). It then prints the
 kill-point table and writes `chaos-report/` (open `chaos-report/report.html`), and ends with the
 lines that install the rest. The second sets up both environments with every extra
-(`scripts/setup`) and runs the whole test suite (`.ci/run` calls it): the tests marked `upstream`
-in `.venv-upstream` (upstream `hermes-agent`, whose openai pin the OpenAI Agents SDK excludes),
-the rest in `.venv`."""
+(`scripts/setup`) and runs the test suite, as CI does (`.ci/run` calls it): the tests marked
+`upstream` in `.venv-upstream` (upstream `hermes-agent`, whose openai pin the OpenAI Agents SDK
+excludes), the rest in `.venv`. Of the long sweeps (every kill point, every planted bug's control
+campaign, the bench) it runs a fixed sample; `./scripts/test --nightly` runs them whole, as the
+nightly workflow does."""
 
 
 def _verdict(c: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sampling import NIGHTLY
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 900
@@ -21,6 +22,7 @@ TIMEOUT_S = 900
 
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
+@NIGHTLY  # the quick bench takes a minute of both cores; tests/test_bench_*.py check its parts in CI
 def test_quick_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
     env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))

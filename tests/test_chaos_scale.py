@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from sampling import NIGHTLY
 from test_html_report import dom_of, needs_chromium
 
 from supervisor import cli
@@ -183,6 +184,7 @@ def test_merge_of_every_shard_is_the_whole_plan_in_plan_order(tmp_path: Path) ->
 
 
 @needs_chromium
+@NIGHTLY  # CI pages a 5,000-case report (tests/test_html_report.py); this is the night's full size
 def test_a_merged_20000_case_report_stays_small_and_pages_in_chromium(tmp_path: Path) -> None:
     """The night's merged report: 20,000 random cases from 4 shards, one page of an index that a
     browser pages through; the last page and a failing case's row are where they should be."""

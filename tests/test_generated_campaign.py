@@ -21,8 +21,11 @@ from typing import Any, Callable
 
 import pytest
 from procutil import stop_tree
+from sampling import NIGHTLY
 
-pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
+# Two campaigns of every kill point under a defect, and a shrink: minutes on two cores. CI's sample
+# of generated mode is tests/test_chaos_own_tools.py (it finds, shrinks and replays a planted bug).
+pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos"), NIGHTLY]
 
 REPO = Path(__file__).resolve().parents[1]
 DEFECT = Path(__file__).resolve().parent / "defects" / "resume_forgets_third_note"

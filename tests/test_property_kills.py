@@ -17,7 +17,7 @@ unfinished. When an example ends with a turn still interrupted, it is resumed on
 and must finish (turn liveness). A failure shrinks to a minimal schedule of turns, kills
 and resumes, printed step by step.
 
-Profiles: the suite runs a fast one (`HERMES_PROPERTY_PROFILE` unset or `fast`: 5
+Profiles: the suite runs a fast one (`HERMES_PROPERTY_PROFILE` unset or `fast`: 3
 examples of up to 4 steps); `HERMES_PROPERTY_PROFILE=long` explores far more. No example
 database is written (`database=None`).
 """
@@ -212,7 +212,7 @@ class KillSchedule(RuleBasedStateMachine):
 
 
 PROFILES = {
-    "fast": settings(max_examples=5, stateful_step_count=4, deadline=None, database=None, print_blob=True,
+    "fast": settings(max_examples=3, stateful_step_count=4, deadline=None, database=None, print_blob=True,
                      suppress_health_check=[HealthCheck.too_slow]),
     "long": settings(max_examples=int(os.environ.get("HERMES_PROPERTY_EXAMPLES", "60")), stateful_step_count=10,
                      deadline=None, database=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]),

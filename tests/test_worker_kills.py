@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sampling import sample
 from workerutil import (
     CHORE_CALLS,
     CHORES,
@@ -150,8 +151,16 @@ def _check_effects(state: Any, turn_id: str, pids: set[int]) -> None:
             assert len(runs) <= 1, f"an at-most-once tool ran {len(runs)} times: {runs}"
 
 
-@pytest.mark.parametrize("mode", ["self", "external"])
-@pytest.mark.parametrize("kill_at", KILL_POINTS)
+# CI's sample: each outcome class (turn not durable, already done, the at-most-once call unknown
+# or never run, a block written but not committed, committed results) under both kill modes.
+CI_KILLS = [("turn.start", "self"), ("flush.in_txn:2", "external"), ("flush.committed:2", "self"),
+            ("flush.committed:3", "external"), ("tool.dispatch.before:2", "self"),
+            ("tool.dispatch.after:2", "external"), ("callback.tool_complete.after:2", "self"),
+            ("finalize.after", "external")]
+
+
+@pytest.mark.parametrize("kill_at,mode", sample([(k, m) for k in KILL_POINTS for m in ("self", "external")],
+                                               CI_KILLS, ids=lambda v: f"{v[0]}-{v[1]}"))
 def test_a_turn_killed_at_a_probe_resumes_to_one_well_formed_answer(
         kill_at: str, mode: str, server: ScriptedModelServer, tmp_path: Path) -> None:
     session = Session(tmp_path, server.base_url, mode)
