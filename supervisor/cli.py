@@ -451,7 +451,8 @@ def _run_campaign(config: CampaignConfig, args: argparse.Namespace) -> tuple[dic
         from supervisor.chaos.coverage import coverage
 
         target = registry.get(config.target)
-        summary["coverage"] = coverage(results, campaign.plan.conversations, target.unsupported, target.unreachable)
+        summary["coverage"] = coverage(results, campaign.plan.conversations,
+                                       {**target.unsupported, **campaign.plan.undrawn}, target.unreachable)
     return summary, results
 
 

@@ -26,6 +26,7 @@ from uuid import UUID
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from procutil import run_bounded
 from pydantic import BaseModel, Field
 from test_checker import SID, Scenario, call
@@ -111,6 +112,12 @@ def test_generated_campaign_over_the_notes_tools_passes_and_a_case_reruns_from_i
     called = {c[0] for conv in conversations.values() for t in conv["conversation"]["turns"]
               for s in t["steps"] for c in s["calls"]}
     assert called <= {"add_note", "list_notes"} and called, conversations
+    # What no draw over these tools can have is said, with why, not listed as never reached.
+    coverage = report["coverage"]
+    assert {"four-turns", "self-restart", "spilled-result"} <= set(coverage["unsupported"]), coverage["unsupported"]
+    assert not {"four-turns", "self-restart", "spilled-result"} & set(coverage["unreached"]), coverage["unreached"]
+    assert report["campaign"]["undrawn"] == coverage["unsupported"]
+    assert "self-restart" in done.stdout and "only the chaos tools' restart_agent" in done.stdout
     case = next(json.loads(p.read_text()) for p in sorted((tmp_path / "cases").glob("*.json"))
                 if "fault-free" not in p.name and json.loads(p.read_text())["kills"])
     assert case["repro"].endswith(f"--mode generated --seed 1 --runs 4 --tools {MODULE}"), case["repro"]
@@ -138,16 +145,26 @@ def test_a_runtime_that_ignores_the_declared_policy_fails_the_campaign(tmp_path:
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
 def test_generated_mode_finds_the_defect_and_shrinks_it_over_the_same_tools(tmp_path: Path) -> None:
-    """Seed 1's tenth and eleventh draws kill a worker after an add_note ran: the defect shows."""
+    """Seed 1's tenth and eleventh draws kill a worker after an add_note ran: the defect shows; its
+    regression test calls the same tools, fails with the defect and passes without it."""
+    report_dir, tests_dir = tmp_path / "report", tmp_path / "regression"
     done = chaos("--tools", MODULE, "--mode", "generated", "--runs", "11", "--seed", "1", "--jobs", "2",
-                 "--report", str(tmp_path), "--shrink", "--shrink-budget", "8", defect=True)
+                 "--report", str(report_dir), "--shrink", "--shrink-budget", "8", "--regression-out", str(tests_dir),
+                 defect=True)
     assert done.returncode == 1, _said(done)
-    report = _report(tmp_path)
+    report = _report(report_dir)
     assert {v["invariant"] for v in report["violations"]} == {"effect-semantics"}, report["violations"]
     shrunk = report["shrunk"]
     assert [s["invariant"] for s in shrunk] == ["effect-semantics"], shrunk
     calls = [c[0] for t in shrunk[0]["conversation"]["turns"] for st in t["steps"] for c in st["calls"]]
     assert "add_note" in calls and set(calls) <= {"add_note", "list_notes"}, shrunk[0]
+    test_file = Path(shrunk[0]["regression_file"])
+    assert test_file.parent == tests_dir and f"TOOLS = {MODULE!r}" in test_file.read_text()
+    pytest_args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(test_file)]
+    with_bug = _run(pytest_args, REPO, _env(defect=True))
+    assert with_bug.returncode == 1 and "effect-semantics" in with_bug.stdout, _said(with_bug)
+    fixed = _run(pytest_args, REPO, _env())
+    assert fixed.returncode == 0 and "1 passed" in fixed.stdout, _said(fixed)
 
 
 @pytest.mark.chaos
@@ -269,6 +286,28 @@ def test_an_undrawable_tool_is_left_out_with_the_reason() -> None:
     odd = ToolSpec("odd", AT_MOST_ONCE, False, {"type": "object", "required": ["ip"],
                                                 "properties": {"ip": {"type": "string", "format": "ipv4"}}})
     assert undrawable([good, odd]) == {"odd": "no arguments can be drawn from its schema: a string of format 'ipv4'"}
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_coverage_calls_unexplorable_only_what_no_draw_over_the_tools_can_have(data: st.DataObject) -> None:
+    """The features own_draws.undrawn excuses never occur in a conversation over those tools: the
+    coverage says why they are not explored instead of calling them never reached."""
+    from supervisor.chaos.conversation import set_tool_kinds
+    from supervisor.chaos.own_draws import conversations, undrawn
+    from supervisor.chaos.own_tools import ToolSpec
+
+    schema = {"type": "object", "properties": {"k": {"type": "string"}}}
+    every = {"read": ToolSpec("read", IDEMPOTENT, True, schema), "write": ToolSpec("write", IDEMPOTENT, False, schema),
+             "once": ToolSpec("once", AT_MOST_ONCE, False, schema)}
+    chosen = data.draw(st.sets(st.sampled_from(sorted(every)), min_size=1), label="tools")
+    tools = tuple(every[name] for name in sorted(chosen))
+    set_tool_kinds({t.name: t.kind for t in tools})
+    excused = undrawn(tools)
+    assert {"four-turns", "block-of-5", "self-restart"} <= set(excused)
+    assert ("at-most-once" in excused) == ("once" not in chosen)
+    talk = data.draw(conversations(tools), label="conversation")
+    assert not talk.features() & set(excused), (talk.features() & set(excused), excused)
 
 
 # ===================================================================== the ledger and the checker

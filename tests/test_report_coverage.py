@@ -116,7 +116,7 @@ def test_html_has_the_coverage_matrix_and_the_minimal_cases() -> None:
     # An unsupported feature is greyed, with the target's reason as text instead of cells.
     unsupported = rows["list-content"]
     assert unsupported["attrs"]["class"] == "unsupported" and "data-unsupported" in unsupported["attrs"]
-    assert "not supported by the target: the target drops <b>image</b> parts | always" in Dom.text(unsupported)
+    assert "not explorable here: the target drops <b>image</b> parts | always" in Dom.text(unsupported)
     unreached = Dom.text(dom.one("id", "coverage-unreached"))
     assert all(f in unreached for f in section["unreached"]) and "list-content" not in unreached
     assert rows[section["unreached"][0]]["attrs"]["class"] == "unreached"

@@ -331,6 +331,18 @@ class Campaign:
         return explore.draw(self.config.seed, index, registry.get(self.config.target).unsupported,
                             self.config.kill_modes)
 
+    def _undrawn(self) -> dict[str, str]:
+        """What no conversation over a user's own tools (or their app's) can have; {} for ours."""
+        from supervisor.chaos.app_tools import for_config
+
+        tools = self.config.tools or for_config(self.config)
+        if not tools:
+            return {}
+        from supervisor.chaos.own_draws import undrawn
+        from supervisor.chaos.own_tools import prepare
+
+        return undrawn(prepare(tools, "generated").usable)
+
     def _run_generated(self) -> list[CaseResult]:
         """Generated mode: this shard's draws, each conversation's fault-free run (the baseline its
         kill schedule is resolved against, and a case of the report like any other), then each
@@ -343,6 +355,7 @@ class Campaign:
         names = list(dict.fromkeys(self.add_conversation(d.conversation) for d in draws.values()))
         plan = Plan.start(config, self.campaign_id, [Case(name).case_id for name in names])
         plan.conversations = {name: {"conversation": lookup(name).to_json()} for name in names}
+        plan.undrawn = self._undrawn()
         self._announce(plan)
         done = self.run_baselines(names)
         if self._stop.is_set() or len(self.baselines) < len(names):

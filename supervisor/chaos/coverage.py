@@ -69,7 +69,7 @@ def coverage_lines(section: Mapping[str, Any]) -> list[str]:
              f"  {'feature':{width}}  cases  killed  kill points reached"]
     for feature, row in rows.items():
         if feature in section["unsupported"]:
-            lines.append(f"  {feature:{width}}      -       -  not supported by the target: "
+            lines.append(f"  {feature:{width}}      -       -  not explorable here: "
                          f"{section['unsupported'][feature]}")
             continue
         lines.append(f"  {feature:{width}}  {row['cases']:5}  {row['killed']:6}  "

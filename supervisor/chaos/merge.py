@@ -255,7 +255,8 @@ def merge(out: Path, directories: list[Path]) -> dict[str, Any]:
                   "baselines": list(dict.fromkeys(b for s in shards for b in s.campaign.get("baselines") or [])),
                   **({"conversations": conversations} if conversations else {})})
     if conversations:
-        summary["coverage"] = _coverage(results, conversations, first["options"].get("target"))
+        undrawn = {f: why for s in shards for f, why in (s.campaign.get("undrawn") or {}).items()}
+        summary["coverage"] = _coverage(results, conversations, first["options"].get("target"), undrawn)
     make_private_dirs(out)
     cases = make_private_dirs(out / "cases")
     for case_id, home in homes.items():
@@ -267,8 +268,10 @@ def merge(out: Path, directories: list[Path]) -> dict[str, Any]:
     return summary
 
 
-def _coverage(results: list[Any], conversations: dict[str, Any], target_name: str | None) -> dict[str, Any]:
-    """A generated campaign's coverage over every shard's cases (supervisor.chaos.coverage)."""
+def _coverage(results: list[Any], conversations: dict[str, Any], target_name: str | None,
+              undrawn: dict[str, str]) -> dict[str, Any]:
+    """A generated campaign's coverage over every shard's cases (supervisor.chaos.coverage); `undrawn`:
+    what no conversation over a user's own tools can have (supervisor.chaos.own_draws.undrawn)."""
     from supervisor.chaos.coverage import coverage
     from targetkit import registry
 
@@ -277,7 +280,7 @@ def _coverage(results: list[Any], conversations: dict[str, Any], target_name: st
         unsupported, unreachable = dict(target.unsupported), tuple(target.unreachable)
     except registry.UnknownTarget:  # merging the reports of a target not installed here
         unsupported, unreachable = {}, ()
-    return coverage(results, conversations, unsupported, unreachable)
+    return coverage(results, conversations, {**unsupported, **undrawn}, unreachable)
 
 
 def copy_logs(out: Path, directories: list[Path]) -> None:

@@ -104,6 +104,28 @@ def _turn(draw: Any, tools: tuple[ToolSpec, ...], excluded: Collection[str], str
     return TurnPlan(_text(draw, allow_nul), tuple(steps), "" if empty else "ans " + _text(draw, allow_nul), parts)
 
 
+def undrawn(tools: Collection[ToolSpec]) -> dict[str, str]:
+    """The features (supervisor.chaos.conversation.FEATURES) no conversation over `tools` can have,
+    each with why: a campaign's coverage shows them as not explorable, not as never reached."""
+    kinds = {t.kind for t in tools}
+    out = {"four-turns": f"a conversation over your tools has at most {MAX_TURNS} turns",
+           "block-of-5": f"a block over your tools has at most {MAX_CALLS} calls",
+           "tool-error-retry": "only the chaos tools' broken_tool fails on purpose",
+           "self-restart": "only the chaos tools' restart_agent kills its own worker",
+           "spilled-result": "only the chaos tools' lookup is drawn with a result over the spill limit"}
+    if "at-most-once" not in kinds:
+        out["at-most-once"] = "none of your tools is at-most-once"
+    if len(kinds) < 2:
+        out["mixed-policies"] = "your tools all have one policy"
+    if "read-only" not in kinds:
+        out["concurrent"] = "none of your tools is read-only, so no block runs concurrently"
+        out["segmented"] = "none of your tools is read-only, so no block is split into segments"
+    elif kinds == {"read-only"}:
+        out["sequential"] = "your tools are all read-only, so every block runs concurrently"
+        out["segmented"] = "your tools are all read-only, so no block is split into segments"
+    return out
+
+
 @st.composite
 def conversations(draw: Any, tools: tuple[ToolSpec, ...], excluded: Collection[str] = ()) -> Conversation:
     """A conversation over `tools` (every one usable), avoiding the features in `excluded`."""

@@ -98,6 +98,8 @@ class Plan:
     planned: list[tuple[int | None, Case]] = field(default_factory=list)  # (index in the full plan, case)
     # Generated mode: each conversation this shard runs, by name: what it is and what it exercised.
     conversations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Generated mode over a user's own tools: the features no draw can have, and why (own_draws.undrawn).
+    undrawn: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def start(cls, config: CampaignConfig, campaign_id: str | None, baselines: list[str]) -> "Plan":
@@ -142,7 +144,8 @@ class Plan:
                 "options_hash": self.options_hash, "faults": list(self.faults), "plan_hash": self.plan_hash,
                 "full_plan": self.full, "baselines": list(self.baselines),
                 "planned": None if self.plan_hash is None else [[i, c.case_id] for i, c in self.planned],
-                **({"conversations": self.conversations} if self.conversations else {})}
+                **({"conversations": self.conversations} if self.conversations else {}),
+                **({"undrawn": self.undrawn} if self.undrawn else {})}
 
 
 def unreached(opts: dict[str, Any], reached: Iterable[str]) -> list[str]:

@@ -26,12 +26,14 @@ from targetkit import registry
 
 def replay(conversation: Mapping[str, Any], fault: str | None, *, target: str = registry.DEFAULT,
            target_options: Mapping[str, str] | None = None, faults: tuple[str, ...] = (),
-           synchronous: str = "FULL", workdir: Path | None = None) -> CaseResult:
-    """Run one conversation under one kill schedule (a fault label; None: no kill) and judge it."""
+           synchronous: str = "FULL", tools: str | None = None, workdir: Path | None = None) -> CaseResult:
+    """Run one conversation under one kill schedule (a fault label; None: no kill) and judge it;
+    `tools`: the user's own tools module the conversation calls (`chaos --tools`), imported as the
+    campaign imported it, from the directory the replay runs in."""
     spec = Conversation.from_json(dict(conversation))
     config = CampaignConfig(scenarios=[], mode="generated", jobs=1, target=target, faults=tuple(faults),
                             target_options=tuple(sorted((target_options or {}).items())), synchronous=synchronous,
-                            workdir=workdir, keep=workdir is not None)
+                            tools=tools, workdir=workdir, keep=workdir is not None)
     campaign = Campaign(config)
     campaign.open()
     try:
@@ -80,7 +82,7 @@ _TEMPLATE = '''"""Regression: {invariant} on a minimal conversation.
 Shrunk by hermes-supervisor from case {origin}
 ({turns} turn(s), {calls} tool call(s), {kills} kill(s); target {target}).
 Replays the case against the target with its fixed kill schedule: it fails while the
-bug is there, and passes once it is fixed (the case judged, every kill landed).
+bug is there, and passes once it is fixed (the case judged, every kill landed).{tools_note}
 """
 import json
 
@@ -92,6 +94,7 @@ TARGET = {target!r}
 TARGET_OPTIONS = {options!r}
 FAULTS = {faults!r}
 SYNCHRONOUS = {synchronous!r}
+TOOLS = {tools!r}
 CONVERSATION = json.loads(r"""
 {conversation}
 """)
@@ -99,7 +102,7 @@ CONVERSATION = json.loads(r"""
 
 def {function}():
     result = replay(CONVERSATION, FAULT, target=TARGET, target_options=TARGET_OPTIONS, faults=FAULTS,
-                    synchronous=SYNCHRONOUS)
+                    synchronous=SYNCHRONOUS, tools=TOOLS)
     why = failure(result, INVARIANT, FAULT)
     assert why is None, why + "\\n" + describe(result)
 '''
@@ -113,10 +116,13 @@ def regression_text(*, invariant: str, origin: str, conversation: Conversation, 
     while link is not None:
         kills, link = kills + 1, link.then
     body = json.dumps(conversation.to_json(), ensure_ascii=True, indent=1, sort_keys=True)
+    tools_note = (f"\nIts conversation calls your own tools ({config.tools}): run it from the directory the\n"
+                  "campaign ran in, where that module is imported from.") if config.tools else ""
     return _TEMPLATE.format(invariant=invariant, origin=origin, turns=len(conversation.turns), calls=calls,
                             kills=kills, target=config.target, fault=fault.label() if fault else None,
                             options=dict(config.target_options), faults=tuple(config.faults),
-                            synchronous=config.synchronous, conversation=body, function=function)
+                            synchronous=config.synchronous, tools=config.tools, tools_note=tools_note,
+                            conversation=body, function=function)
 
 
 def write_regression(directory: Path, file_name: str, text: str) -> Path:

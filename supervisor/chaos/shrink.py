@@ -269,9 +269,6 @@ def shrink_into_report(directory: Path, wanted: list[tuple[str, str]], *, regres
 
     report = load_report(directory)
     config = config_of(report)
-    if config.tools and regression_out is not None:
-        raise ShrinkError(f"regression tests are not written for a campaign over your own tools (--tools "
-                          f"{config.tools}) yet: shrink without --regression-out")
     done = []
     runs = Runs(config)
     try:

@@ -273,7 +273,7 @@ def _coverage(section: Mapping[str, Any]) -> str:
                  f'<div class="desc">{_h(description)}</div></th>')
         if feature in unsupported:
             lines.append(f'<tr class="unsupported" data-feature="{_h(feature)}" data-unsupported>{label}'
-                         f'<td>-</td><td>-</td><td class="why" colspan="{len(columns)}">not supported by the target: '
+                         f'<td>-</td><td>-</td><td class="why" colspan="{len(columns)}">not explorable here: '
                          f"{_h(unsupported[feature])}</td></tr>")
             continue
         counts = row.get("points") or {}
