@@ -24,6 +24,7 @@ from targetkit.target import (
     REQUEST_NOT_DURABLE,
     RERUN,
     RERUN_AFTER_CHECKPOINT_KILL,
+    RESULT_PREVIEW,
     OptionError,
     Promises,
     Target,
@@ -35,7 +36,7 @@ from targetkit.target import (
 
 __all__ = [
     "ANY", "AT_MOST_ONCE", "EFFECT_MISMATCH", "FULL_PROMISES", "GROUP", "IDEMPOTENT", "INTENT_NOT_DURABLE",
-    "RAN_UNDISPATCHED", "REQUEST_NOT_DURABLE", "RERUN", "RERUN_AFTER_CHECKPOINT_KILL", "UNKNOWN_OUTCOME",
+    "RAN_UNDISPATCHED", "REQUEST_NOT_DURABLE", "RERUN", "RERUN_AFTER_CHECKPOINT_KILL", "RESULT_PREVIEW", "UNKNOWN_OUTCOME",
     "OptionError", "Promises", "SchemaReader", "SqlReader", "Stored", "Target", "TargetOption", "TurnContext",
     "TurnRow", "UnknownTarget", "at_least_once_framework", "parse_policies", "plain_loop", "tool_policy",
 ]

@@ -34,6 +34,8 @@ RERUN_AFTER_CHECKPOINT_KILL = "rerun-after-checkpoint-kill"  # ... killed inside
                                                # checkpoint after the call ran (LangGraph's put(), issue #8039)
 EFFECT_MISMATCH = "effect-mismatch"            # effect-semantics: any other (a result of a run that never
                                                # was, a cancelled call that ran, an outcome dropped, a write lost)
+RESULT_PREVIEW = "result-preview"              # result-fidelity: the stored result is a shortened preview
+                                               # of what the tool returned (its beginning, with a note)
 
 
 @dataclass(frozen=True)

@@ -849,6 +849,26 @@ def test_result_fidelity_catches_a_harness_error_disguised_as_a_tool_result(scen
     assert violation.kind == "damage"
 
 
+def test_result_fidelity_names_a_stored_preview_of_an_oversized_result(scenario: Scenario) -> None:
+    """A runtime that keeps only the beginning of a long result (upstream Hermes, by design) still
+    fails result-fidelity, with the condition its promises can name; any other change does not."""
+    from worker.chaos_tools import clean_results
+
+    _single_turn(scenario)
+    arguments = {"key": "a", "pad": 1000}
+    whole = next(iter(clean_results("lookup", arguments)))
+    cut = call("c-cut", "lookup", json.dumps(arguments))
+    other = call("c-other", "lookup", json.dumps(arguments))
+    scenario.assistant("t1", None, (cut, other))
+    scenario.tool("t1", cut, IDEMPOTENT, whole[:400] + "\n\n[Truncated: tool response was 1,050 chars.]")
+    scenario.tool("t1", other, IDEMPOTENT, whole.replace("value-of-a", "value-of-b"))
+    verdict = result_fidelity(scenario.db_path)
+    rules = {v.witness["tool"] + ":" + v.witness["row"]["tool_call_id"]: v.witness.get("rule")
+             for v in verdict.violations}
+    assert rules == {"lookup:c-cut": "result-preview", "lookup:c-other": None}, rules
+    assert all(v.kind == "damage" for v in verdict.violations)
+
+
 def test_result_fidelity_allows_an_unknown_outcome_only_after_an_interruption(scenario: Scenario) -> None:
     _single_turn(scenario)
     scenario.assistant("t1", None, (NOTE,))

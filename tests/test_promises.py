@@ -26,7 +26,7 @@ from supervisor.chaos.checker.verdict import (
     DOCUMENTED_BEHAVIOUR,
     PROMISE_LABELS,
 )
-from targetkit import ANY, FULL_PROMISES, RERUN, RERUN_AFTER_CHECKPOINT_KILL, Promises, registry
+from targetkit import ANY, FULL_PROMISES, RERUN, RERUN_AFTER_CHECKPOINT_KILL, RESULT_PREVIEW, Promises, registry
 from targetkit.target import OUR_CONTRACT
 from worker.targets import hermes_agent, langgraph, openai_agents
 
@@ -179,8 +179,15 @@ def test_upstream_hermes_promises_only_its_stored_history(tmp_path: Path) -> Non
     labels = _labels(tmp_path, [SHOWN_EARLY, _effect("c1", request=False), _effect("c2", request=True)], UPSTREAM)
     assert {(p, d) for _, p, d in labels} == {(BEYOND_PROMISE, HERMES_AGENT_CLAIMS)}
     assert promise_of(UPSTREAM, "no-lost-rows") == (BROKEN_PROMISE, HERMES_AGENT_SESSIONS)
-    # One label per invariant whatever the condition: counts stored by (invariant, class) split exactly.
-    assert all(uniform_promise(UPSTREAM, inv) is not None for inv in INVARIANTS)
+    # One label per invariant whatever the condition, but for a stored preview of an oversized result,
+    # which upstream documents: counts stored by (invariant, class) split exactly for the others.
+    assert all(uniform_promise(UPSTREAM, inv) is not None for inv in INVARIANTS if inv != "result-fidelity")
+    preview = Violation("result-fidelity", "a preview", {"rule": RESULT_PREVIEW}, "damage")
+    changed = Violation("result-fidelity", "another result", {}, "damage")
+    label_promises([preview, changed], UPSTREAM)
+    assert (preview.promise, changed.promise) == (DOCUMENTED_BEHAVIOUR, BEYOND_PROMISE)
+    label_promises([preview], SDK)
+    assert preview.promise == BEYOND_PROMISE
     assert uniform_promise(SYNC, "effect-semantics") is None and uniform_promise(SYNC, "durable-before-effect") is None
 
 

@@ -81,7 +81,7 @@ from hermes.extras import install_line
 from hermes.private_files import create_private_file, make_private_dirs
 from hermes.tools import ToolContext, registry
 from hermes.transcript import is_final_answer
-from targetkit import ANY, Promises, Target, TargetOption
+from targetkit import ANY, RESULT_PREVIEW, Promises, Target, TargetOption
 from worker.targets import Report, open_ledger, show, toolsets_of
 from worker.targets.hermes_agent_resume import GATEWAY, RESEND, RESUME_MODES, gateway_replay, is_recovery_row
 
@@ -94,6 +94,9 @@ VERSION = "0.19.0"
 _DOCS = "https://hermes-agent.nousresearch.com/docs"
 SESSIONS_DOC = (f"{_DOCS}/user-guide/sessions: every conversation is saved in state.db with its "
                 "full message history (tool calls and results included)")
+PREVIEW_DOC = ("hermes-agent 0.19.0, tools/tool_result_storage.py (maybe_persist_tool_result): a tool result "
+               "over its size limit is replaced by a preview of its beginning, with the path of the whole output "
+               "saved in the sandbox or, without one, a note that it was truncated")
 CLAIMS_DOC = (f"{_DOCS}/user-guide/sessions and /developer-guide/session-storage: what state.db "
               "keeps (sessions, messages, search indexes; no dispatch record), nothing on when a row is "
               "written relative to a tool run or to what is shown, nor on what a killed turn leaves")
@@ -105,7 +108,8 @@ TARGET = Target(
     NAME, "upstream hermes-agent (the `upstream` extra)", adapter=__name__,
     schema="supervisor.chaos.schema.hermes_agent",
     promises=Promises(dispatch_intents=False, stream_retraction=False, durable_projections=False,
-                      promised={("no-lost-rows", ANY): SESSIONS_DOC}, claims=CLAIMS_DOC),
+                      promised={("no-lost-rows", ANY): SESSIONS_DOC},
+                      documented={("result-fidelity", RESULT_PREVIEW): PREVIEW_DOC}, claims=CLAIMS_DOC),
     unsupported={"list-content": "upstream 0.19.0 replaces an image part with its vision tool's description (an "
                                  "auxiliary model call) for a model it does not know to take images",
                  "compaction": "upstream compacts by its token estimate, never below 64,000 tokens, with a summary "

@@ -41,7 +41,7 @@ from supervisor.chaos.checker.verdict import (
 )
 from supervisor.chaos.durable import Durable
 from supervisor.chaos.scenarios import Expectation
-from targetkit import EFFECT_MISMATCH, FULL_PROMISES, RAN_UNDISPATCHED, RERUN, Promises
+from targetkit import EFFECT_MISMATCH, FULL_PROMISES, RAN_UNDISPATCHED, RERUN, RESULT_PREVIEW, Promises
 from worker.chaos_tools import clean_results
 
 # The tools of worker/chaos_tools.py: each records every real execution in the ledger,
@@ -383,6 +383,18 @@ def _spilled_text(spilled: tuple[str, int, Path], db_path: Path) -> tuple[str, s
     return text, None
 
 
+PREVIEW_PREFIX = 200  # characters of a long result that its preview must hold, in order
+
+
+def _is_preview(content: Any, expected: Collection[Any]) -> bool:
+    """Whether `content` is a shortened preview of one of the `expected` results: shorter than
+    it, and holding its first PREVIEW_PREFIX characters (a runtime that keeps only the beginning
+    of an oversized result, with a note of its own around it)."""
+    return isinstance(content, str) and any(
+        isinstance(e, str) and len(e) > max(len(content), PREVIEW_PREFIX) and e[:PREVIEW_PREFIX] in content
+        for e in expected)
+
+
 def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expectation | None = None, *,
                     oracle: Callable[[str, Any], frozenset[str] | None] = clean_results,
                     own: OwnRecords | str | None = None) -> Verdict:
@@ -466,9 +478,11 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
         if content not in expected:
             said = ("what any run of it returned, as the effects ledger recorded" if recorded
                     else f"what {name} returns for these arguments")
-            violations.append(Violation(RESULT_FIDELITY, f"the result of {name} call {key[2]} is not {said}", dict(
+            preview = _is_preview(content, expected)
+            violations.append(Violation(RESULT_FIDELITY, f"the result of {name} call {key[2]} is not {said}"
+                                        + (" (a shortened preview of it)" if preview else ""), dict(
                 witness, content=content if not isinstance(content, str) else content[:QUOTE],
-                clean_results=sorted(expected))))
+                clean_results=sorted(expected), **({"rule": RESULT_PREVIEW} if preview else {}))))
     expected_answers = expect.final_answers if expect is not None else ()
     answers = final_answers(d)
     for index, turn in enumerate(d.turns):

@@ -17,6 +17,7 @@ from supervisor.chaos.checker.verdict import (
     DOCUMENTED_BEHAVIOUR,
     DURABLE_BEFORE_EFFECT,
     EFFECT_SEMANTICS,
+    RESULT_FIDELITY,
     Violation,
 )
 from targetkit import (
@@ -27,6 +28,7 @@ from targetkit import (
     REQUEST_NOT_DURABLE,
     RERUN,
     RERUN_AFTER_CHECKPOINT_KILL,
+    RESULT_PREVIEW,
     Promises,
 )
 
@@ -34,6 +36,7 @@ from targetkit import (
 CONDITIONS: dict[str, tuple[str, ...]] = {
     DURABLE_BEFORE_EFFECT: (REQUEST_NOT_DURABLE, INTENT_NOT_DURABLE),
     EFFECT_SEMANTICS: (RAN_UNDISPATCHED, RERUN, RERUN_AFTER_CHECKPOINT_KILL, EFFECT_MISMATCH),
+    RESULT_FIDELITY: (RESULT_PREVIEW, ANY),
 }
 
 
@@ -42,6 +45,8 @@ def condition_of(violation: Violation, events: Sequence[dict[str, Any]] = ()) ->
     if violation.invariant == DURABLE_BEFORE_EFFECT:
         event = violation.witness.get("event") or {}
         return REQUEST_NOT_DURABLE if event.get("request_durable") is False else INTENT_NOT_DURABLE
+    if violation.invariant == RESULT_FIDELITY:
+        return violation.witness.get("rule", ANY)  # RESULT_PREVIEW when the row is a preview of the result
     if violation.invariant != EFFECT_SEMANTICS:
         return ANY
     # effect-semantics names the rule that broke in its witness (supervisor.chaos.checker.effects).
