@@ -108,11 +108,13 @@ def undrawn(tools: Collection[ToolSpec]) -> dict[str, str]:
     """The features (supervisor.chaos.conversation.FEATURES) no conversation over `tools` can have,
     each with why: a campaign's coverage shows them as not explorable, not as never reached."""
     kinds = {t.kind for t in tools}
-    out = {"four-turns": f"a conversation over your tools has at most {MAX_TURNS} turns",
-           "block-of-5": f"a block over your tools has at most {MAX_CALLS} calls",
-           "tool-error-retry": "only the chaos tools' broken_tool fails on purpose",
+    out = {"tool-error-retry": "only the chaos tools' broken_tool fails on purpose",
            "self-restart": "only the chaos tools' restart_agent kills its own worker",
            "spilled-result": "only the chaos tools' lookup is drawn with a result over the spill limit"}
+    if MAX_TURNS < 4:
+        out["four-turns"] = f"a conversation over your tools has at most {MAX_TURNS} turns"
+    if MAX_CALLS < 5:
+        out["block-of-5"] = f"a block over your tools has at most {MAX_CALLS} calls"
     if "at-most-once" not in kinds:
         out["at-most-once"] = "none of your tools is at-most-once"
     if len(kinds) < 2:
