@@ -368,3 +368,31 @@ def test_unknown_outcome_and_cancelled_are_never_clean() -> None:
                             ("broken_tool", {}), ("restart_agent", {})]:
         clean = clean_results(tool, arguments)
         assert clean is not None and UNKNOWN_OUTCOME not in clean and CANCELLED_RESULT not in clean
+
+
+def test_quiescent_holds_every_writing_ledger_between_its_writes(tmp_path: Path) -> None:
+    """What a worker paused at a probe holds (worker.ledger.quiescent): no other thread can be inside
+    a ledger write, or start one, until the pause ends."""
+    from worker.ledger import quiescent
+
+    first, second = Ledger(tmp_path / "a.effects"), Ledger(tmp_path / "b.effects")
+    reader = Ledger(tmp_path / "a.effects", readonly=True)  # a checker's view: never a writer
+    others: list[bool] = []
+
+    def try_each() -> None:
+        for ledger in (first, second, reader):
+            got = ledger._lock.acquire(blocking=False)
+            others.append(got)
+            if got:
+                ledger._lock.release()
+
+    with quiescent():
+        thread = threading.Thread(target=try_each)
+        thread.start()
+        thread.join()
+    assert others == [False, False, True]
+    others.clear()
+    try_each()
+    assert others == [True, True, True]
+    for ledger in (first, second, reader):
+        ledger.close()

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from procutil import stop_tree
+from procutil import run_bounded, stop_tree
 
 from supervisor import cli
 from supervisor.chaos.generator import Case, enumerate_cases
@@ -120,3 +120,20 @@ def test_the_same_pause_campaign_passes_without_the_defect(tmp_path: Path, store
     assert report["violations"] == [] and report["unknown"] == [] and report["unfired"] == []
     assert len(_planned_hits(report)) >= 2
     assert all(r["fired"] for r in report["results"] if r["fault"])
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_a_pause_never_freezes_another_thread_inside_the_effects_ledger(tmp_path: Path) -> None:
+    """mixed-batch runs its read-only calls on a thread pool: paused at the third flush's start, the
+    worker had a tool thread inside a ledger write, and the stopped process kept the ledger's write
+    lock for the whole takeover; the replacement's lookup then failed on a locked ledger
+    (result-fidelity) and its next write hung until the timeout (turn-liveness). A pause now waits
+    for the ledger to be between writes (worker.ledger.quiescent)."""
+    case = "mixed-batch/pause:self@flush.begin:3@t0p0"
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    done = run_bounded(["-m", "supervisor", "chaos", "--case", case, "--report", str(tmp_path)], REPO, env,
+                       CAMPAIGN_TIMEOUT_S)
+    report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    assert done.returncode == 0 and report["violations"] == [], done.stdout[-3000:] + done.stderr[-3000:]
+    assert [r["fired"] for r in report["results"]] == [["flush.begin:3"]]  # the pause landed

@@ -21,6 +21,9 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -55,6 +58,26 @@ _SCHEMA = (
 )
 
 
+# Every writing ledger of this process, for `quiescent`.
+_writers: weakref.WeakSet[Ledger] = weakref.WeakSet()
+
+
+@contextmanager
+def quiescent() -> Iterator[None]:
+    """Hold every writing ledger of this process between two of its transactions.
+
+    A worker paused at a probe is SIGSTOPped whole, every thread wherever it is. A tool thread
+    caught inside a ledger write would keep the ledger file's write lock for the whole pause, and
+    the worker taking the turn over would find its own tools failing on a locked ledger: a fault
+    of the instrument, not of the runtime under test. So the paused thread takes every ledger's
+    lock before it reports the pause (waiting for a write in flight to commit) and keeps them
+    until it is released; the worker's other threads wait for them, frozen anyway."""
+    with ExitStack() as held:
+        for ledger in sorted(_writers, key=id):  # one order, whichever thread asks
+            held.enter_context(ledger._lock)
+        yield
+
+
 class Ledger:
     def __init__(self, path: Path | str, *, incarnation: int = 0, readonly: bool = False,
                  busy_budget_s: float = DEFAULT_BUSY_BUDGET_S) -> None:
@@ -70,6 +93,7 @@ class Ledger:
             # A missing or unreadable file raises a sqlite3.DatabaseError (ReadOnlyOpenError).
             self._conn = open_snapshot(self.path)
             return
+        _writers.add(self)
         create_private_file(self.path)  # its directory is fsynced too: a power cut keeps the name
         # SQLite's own busy handler waits only briefly; the retry loop below owns the budget, so
         # kinds of SQLITE_BUSY that the handler never waits on are retried too.

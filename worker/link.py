@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from worker.ledger import quiescent
 from worker.protocol import Channel, ChannelClosed, KillPlan
 
 
@@ -96,18 +97,22 @@ class ProbeWiring:
         if self.link is not None:
             report = {"type": "probe", "name": name, "n": occurrence, "ctx": context, "kill": kill,
                       "mode": plan.mode if kill and plan else None}
+            if kill and plan is not None and plan.mode == "pause":
+                # Reported, the supervisor SIGSTOPs this worker until a replacement has taken the
+                # turn over; no other thread may be frozen inside a write to the effects ledger.
+                with quiescent():
+                    self.link.report(report)
+                    self.link.released.wait()
+                return
             # A kill's report is the process's last word, so the supervisor can tell the death it
             # announces from a later one (a tool killing its own worker): see checker.deaths.
-            if kill and plan is not None and plan.mode != "pause":
+            if kill:
                 self.link.report_last(report)
             else:
                 self.link.report(report)
         if not kill:
             return
         assert plan is not None
-        if plan.mode == "pause" and self.link is not None:
-            self.link.released.wait()
-            return
         if plan.mode == "external" and self.link is not None:
             # The supervisor kills us by pid; until then nothing else may happen.
             while True:
