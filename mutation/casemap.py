@@ -9,6 +9,10 @@ is credited with the lines of its scenario's fault-free case plus those of its o
 workers (recovery, the paused worker let go, the restarts after a power cut). That over-
 approximates, which costs time, never a missed kill. Lines that only the supervisor runs (the
 checker's snapshot reader) are in no case: the supervisor is never mutated.
+
+A case whose campaign fails on the original code cannot tell a mutant from it: it is left out of
+the map (so no mutant is "killed" by it) and listed under its group's "failing", which the run
+prints and the figure keeps, since each is a fault of the runtime or the harness to be fixed.
 """
 from __future__ import annotations
 
@@ -88,8 +92,11 @@ def _group_map(copy: Path, data_dir: Path, outcome: launch.Outcome, seconds: flo
             rel = str(Path(measured).relative_to(copy))
             per_file[rel] = set(data.lines(measured) or ())
         lines_of_pid[int(path.name.split(".")[1])] = per_file
-    per_case: dict[str, dict[str, set[int]]] = {c: {} for c in outcome.ran}
+    failing = set(outcome.failures)
+    per_case: dict[str, dict[str, set[int]]] = {c: {} for c in outcome.ran if c not in failing}
     for pid, case_id in outcome.spawned:
+        if case_id in failing:
+            continue
         for rel, lines in lines_of_pid.get(pid, {}).items():
             per_case.setdefault(case_id, {}).setdefault(rel, set()).update(lines)
     baseline = {cid: Case.parse(cid).scenario for cid in per_case}
@@ -110,7 +117,7 @@ def _group_map(copy: Path, data_dir: Path, outcome: launch.Outcome, seconds: flo
         for cases in per_line.values():
             cases.sort()
     return {"cases": order, "case_seconds": [outcome.case_seconds.get(c, 0.0) for c in order],
-            "failed": outcome.failed, "seconds": round(seconds, 1), "lines": lines}
+            "failing": sorted(failing), "seconds": round(seconds, 1), "lines": lines}
 
 
 def save(casemap: dict[str, Any], path: Path) -> None:

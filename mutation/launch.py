@@ -39,6 +39,7 @@ class Outcome:
     """What the cases of one group said about the code the workers ran."""
     ran: list[str] = field(default_factory=list)
     failed: str | None = None        # the first case whose campaign would fail
+    failures: list[str] = field(default_factory=list)  # every such case, in the order they ended
     why: list[str] = field(default_factory=list)  # its violated invariants, or why it was not judged
     spawned: list[tuple[int, str]] = field(default_factory=list)  # (worker pid, case id)
     case_seconds: dict[str, float] = field(default_factory=dict)
@@ -79,6 +80,8 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
             outcome.ran.append(result.case.case_id)
             outcome.case_seconds[result.case.case_id] = round(result.seconds, 3)
             valid = result.verdict.valid
+            if valid is not True:
+                outcome.failures.append(result.case.case_id)
             if valid is True or outcome.failed is not None:
                 return
             outcome.failed = result.case.case_id

@@ -52,6 +52,9 @@ def prepare(source: Path, work: Path, groups: list[str], log: Callable[[str], No
         extra = casemap.build(pristine, work, missing, scenarios=scenarios)
         the_map["groups"].update(extra["groups"])
         casemap.save(the_map, map_path)
+    for group in groups:
+        for case in the_map["groups"][group].get("failing", []):
+            log(f"left out of the oracle: {group} case {case} fails on the original code")
     return {"pristine": pristine, "mutant_tree": mutant_tree, "map_path": map_path, "map": the_map,
             "oracle": tree.oracle_version(pristine, files), "code": version}
 
@@ -110,7 +113,8 @@ def run_shard(source: Path, work: Path, shard: tuple[int, int], modules: list[st
     out_path = work / f"shard-{shard[0]}-of-{shard[1]}.json"
     previous = json.loads(out_path.read_text()) if out_path.exists() else {"modules": {}}
     results: dict[str, Any] = {"tool": _tool(), "shard": list(shard), "oracle": state["oracle"],
-                               "groups": oracle_scope, "modules": {}}
+                               "groups": oracle_scope, "modules": {},
+                               "failing": {g: state["map"]["groups"][g].get("failing", []) for g in groups}}
     done = 0
     for module in modules or tree.core_modules(state["pristine"]):
         digest = tree.file_digest(state["pristine"] / module)

@@ -32,6 +32,7 @@ def merge(shards: Iterable[dict[str, Any]]) -> dict[str, Any]:
         key = (shard["shard"][0], shard["shard"][1])
         if merged is None:
             merged = {k: shard[k] for k in ("tool", "oracle", "groups")}
+            merged["failing"] = shard.get("failing", {})
             merged.update(modules={}, shards=[])
         elif (shard["oracle"], shard["groups"]) != (merged["oracle"], merged["groups"]):
             raise MergeError(f"shard {key[0]}/{key[1]} ran oracle {shard['oracle']} over {shard['groups']}, "
@@ -80,7 +81,7 @@ def load_triage(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
 def figures(merged: dict[str, Any], triage: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """docs/figures/mutation.json: per module made, killed, equivalent, survived (and how)."""
     out: dict[str, Any] = {"tool": merged["tool"], "oracle_groups": merged["groups"], "modules": {},
-                           "stale_triage": []}
+                           "stale_triage": [], "failing_on_the_original": merged.get("failing", {})}
     matched: set[str] = set()
     seconds: dict[str, list[float]] = {"all": [], "killed": [], "survived": []}
     for module in sorted(merged["modules"]):
@@ -161,6 +162,11 @@ def render(fig: dict[str, Any]) -> str:
         lines.append(f"| `{module}`{flag} | {row['made']} | {row['run']} | {row['killed']} | {row['equivalent']} | "
                      f"{row['survived']} ({row['not_executed']}) | {row['timeout']} | {score} | "
                      f"{row.get('in_annotations', 0)} |")
+    failing = [f"`{group}` `{case}`" for group, cases in (fig.get("failing_on_the_original") or {}).items()
+               for case in cases]
+    if failing:
+        lines += ["", "Left out of the oracle, failing on the original code (each a fault to fix, not a kill): "
+                  + ", ".join(failing) + "."]
     cost = fig["cost_seconds_per_mutant"]
     parts = [f"{k} {v['median']} s (n={v['n']})" for k, v in cost.items() if v.get("n")]
     if parts:

@@ -200,3 +200,18 @@ def test_the_campaign_oracle_kills_the_sample_mutant(tmp_path: Path, module: str
     verdict = oracle.judge(REPO, copy, the_map, budget=120)
     assert verdict["outcome"] == "killed", verdict
     assert verdict["case"] == case_id and verdict["by"], verdict
+
+
+def test_a_case_failing_on_the_original_code_is_no_oracle(tmp_path: Path) -> None:
+    """A case whose campaign fails without any mutant cannot tell a mutant from the original: the
+    case map leaves it out (no mutant is ever judged by it) and names it."""
+    from mutation import casemap, launch
+
+    ran = ["writes/fault-free", "writes/probe:self@flush.begin:1@t0p0", "writes/pause:self@flush.begin:3@t0p0"]
+    outcome = launch.Outcome(ran=ran, failed=ran[2], failures=[ran[2]])
+    entry = casemap._group_map(tmp_path, tmp_path, outcome, 1.0)
+    assert entry["cases"] == ran[:2] and entry["failing"] == [ran[2]]
+    fig = score.figures(score.merge([dict(_shard(1, 1, {"a": "killed"}), failing={"pause": [ran[2]]})]),
+                        {"equivalent": {}, "survivor": {}})
+    assert fig["failing_on_the_original"] == {"pause": [ran[2]]}
+    assert f"`pause` `{ran[2]}`" in score.render(fig)
