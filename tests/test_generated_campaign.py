@@ -14,13 +14,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from procutil import stop_tree
+from procutil import run_bounded
 from sampling import NIGHTLY
 
 # Two campaigns of every kill point under a defect, and a shrink: minutes on two cores. CI's sample
@@ -44,24 +42,11 @@ def _env(defect: bool) -> dict[str, str]:
 
 
 @pytest.fixture
-def run() -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
-    started: list[subprocess.Popen[str]] = []
-
+def run() -> Callable[..., subprocess.CompletedProcess[str]]:
     def run_(argv: list[str], *, defect: bool) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=_env(defect), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        started.append(proc)
-        try:
-            out, err = proc.communicate(timeout=BOUND_S)
-        except subprocess.TimeoutExpired:
-            stop_tree(proc)
-            out, err = proc.communicate()
-            pytest.fail(f"{argv} did not finish in {BOUND_S:.0f}s\n{out[-3000:]}\n{err[-3000:]}")
-        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        return run_bounded(argv, REPO, _env(defect), BOUND_S)
 
-    yield run_
-    for proc in started:
-        stop_tree(proc)
+    return run_
 
 
 def _report(directory: Path) -> dict[str, Any]:
