@@ -25,7 +25,7 @@ import json
 import logging
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from targetkit import Target, registry
 
@@ -123,6 +123,20 @@ def load_tools(value: str) -> list[str]:
     from worker import chaos_tools
 
     return load_toolsets(value, provided={chaos_tools.TOOLSET: chaos_tools.TOOL_NAMES})
+
+
+def user_app_tools(options: Mapping[str, str], option: str, what: str,
+                   declared: str) -> list[dict[str, Any]] | None:
+    """The tools of the user's own app named by `option` (a target's `app_tools`), read by the
+    function `declared` ("module:function", imported only when the option is given); None without
+    it. `policies` declares that app's tools, so it is refused without one."""
+    if not options.get(option):
+        if options.get("policies"):
+            raise ValueError(f"policies declares the tools of your own {what}: "
+                             f"give it with {option}=package.module:NAME")
+        return None
+    module, _, function = declared.partition(":")
+    return getattr(importlib.import_module(module), function)(options[option], dict(options))
 
 
 def toolsets_of(args: Any) -> list[str]:

@@ -71,7 +71,7 @@ from hermes import persistence_failure, probes
 from hermes.extras import install_line
 from hermes.turn import PERSISTENCE_FAILED
 from targetkit import ANY, REQUEST_NOT_DURABLE, RERUN, RERUN_AFTER_CHECKPOINT_KILL, Promises, Target, TargetOption
-from worker.targets import Report, UsageError, open_ledger, show, toolsets_of
+from worker.targets import Report, UsageError, open_ledger, show, toolsets_of, user_app_tools
 
 log = logging.getLogger("worker.targets.langgraph")
 
@@ -149,14 +149,7 @@ TARGET = Target(
 
 def app_tools(options: Mapping[str, str]) -> list[dict[str, Any]] | None:
     """With ``app``: the tools of the user's graph (worker.targets.langgraph_app.declared); else None."""
-    if not options.get("app"):
-        if options.get("policies"):
-            raise ValueError("policies declares the tools of your own graph: "
-                             "give it with app=package.module:NAME")
-        return None
-    from worker.targets.langgraph_app import declared
-
-    return declared(options["app"], dict(options))
+    return user_app_tools(options, "app", "graph", "worker.targets.langgraph_app:declared")
 
 
 def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:

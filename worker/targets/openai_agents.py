@@ -67,7 +67,7 @@ from hermes import persistence_failure, probes
 from hermes.extras import install_line
 from hermes.transcript import is_blank
 from targetkit import ANY, REQUEST_NOT_DURABLE, Promises, Target, TargetOption
-from worker.targets import Report, open_ledger, show, toolsets_of
+from worker.targets import Report, open_ledger, show, toolsets_of, user_app_tools
 
 log = logging.getLogger("worker.targets.openai_agents")
 
@@ -124,14 +124,7 @@ TARGET = Target(
 
 def app_tools(options: dict[str, str]) -> list[dict[str, Any]] | None:
     """With ``agent``: the function tools of the user's agent (worker.targets.openai_agents_app); else None."""
-    if not options.get("agent"):
-        if options.get("policies"):
-            raise ValueError("policies declares the tools of your own agent: "
-                             "give it with agent=package.module:NAME")
-        return None
-    from worker.targets.openai_agents_app import declared
-
-    return declared(options["agent"], dict(options))
+    return user_app_tools(options, "agent", "agent", "worker.targets.openai_agents_app:declared")
 
 
 def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:

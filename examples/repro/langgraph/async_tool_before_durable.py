@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -92,12 +93,12 @@ class SlowDiskSaver(SqliteSaver):
 
     def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
         if carries_tool_call(checkpoint["channel_values"].get("messages") or []):
-            threading.Event().wait(HOLD)
+            time.sleep(HOLD)  # the slow disk
         return super().put(config, checkpoint, metadata, new_versions)
 
     def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
         if any(channel == "messages" and carries_tool_call(value) for channel, value in writes):
-            threading.Event().wait(HOLD)
+            time.sleep(HOLD)  # the slow disk
         super().put_writes(config, writes, task_id, task_path)
 
 
