@@ -139,8 +139,19 @@ def block() -> str:
     return render_upstream(read_json(UPSTREAM_STORE))
 
 
-def store(argv: list[str]) -> None:
+def requested_modes(argv: list[str]) -> list[str]:
+    """The modes `store upstream MODE ...` names (none: every mode); exit 2 naming an unknown one."""
     parser = argparse.ArgumentParser(prog="figures.py store upstream")
-    parser.add_argument("modes", nargs="*", metavar="MODE", choices=[m for m, _ in UPSTREAM_MODES],
-                        help="the modes to run again (default: every mode)")
-    store_upstream(parser.parse_args(argv).modes)
+    known = [m for m, _ in UPSTREAM_MODES]
+    # Not `choices=`: argparse checks an empty `nargs="*"` positional's default against it and refuses.
+    parser.add_argument("modes", nargs="*", metavar="MODE",
+                        help=f"the modes to run again: {', '.join(known)} (default: every mode)")
+    modes: list[str] = parser.parse_args(argv).modes
+    unknown = [m for m in modes if m not in known]
+    if unknown:
+        parser.error(f"not a mode: {', '.join(unknown)} (choose from {', '.join(known)})")
+    return modes
+
+
+def store(argv: list[str]) -> None:
+    store_upstream(requested_modes(argv))

@@ -179,3 +179,12 @@ def test_a_report_is_condensed_into_what_the_readme_says() -> None:
     c = readme.condense(report, "2027-01-01", readme.POWER_RUNS[1][1])
     assert (c["scenarios"], c["baselines"], c["cost_cases"], c["claimed_lost"]) == (2, 2, 1, 1)
     assert c["command"] == "hermes-supervisor chaos --mode exhaustive --faults power-loss --synchronous NORMAL --jobs 2"
+
+
+def test_store_upstream_takes_no_mode_as_every_mode_and_names_an_unknown_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert upstream.requested_modes([]) == []
+    assert upstream.requested_modes(["double", "pause"]) == ["double", "pause"]
+    with pytest.raises(SystemExit) as stopped:
+        upstream.requested_modes(["pause", "twice"])
+    assert stopped.value.code == 2
+    assert "not a mode: twice" in capsys.readouterr().err
