@@ -56,6 +56,7 @@ class Promises:
     durable_requests: bool = True     # the assistant's tool-call row is durable before its tools run
     stream_retraction: bool = True    # streamed text ends committed or explicitly retracted
     durable_projections: bool = True  # nothing is shown before it is durable
+    private_files: bool = False       # its files are 0600 and its directories 0700 (judged only when promised)
     promised: Mapping[tuple[str, str], str] = field(default_factory=dict)
     documented: Mapping[tuple[str, str], str] = field(default_factory=dict)
     claims: str = ""
@@ -81,7 +82,7 @@ def at_least_once_framework(claims: str, rerun_doc: str) -> Promises:
 
 
 OUR_CONTRACT = "this project's docs/contract.md, The durability contract (each invariant: docs/chaos.md, The verdict)"
-FULL_PROMISES = Promises(contract=OUR_CONTRACT)
+FULL_PROMISES = Promises(contract=OUR_CONTRACT, private_files=True)
 
 
 _VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

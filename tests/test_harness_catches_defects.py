@@ -193,6 +193,11 @@ DEFECT_CASES = [
         # failed, with no reason: the store is right, the caller is told otherwise.
         "outcome_misreported", "outcome-misreported", BEFORE_LOOKUP,
         frozenset({"outcome-honesty"}), at=None)),
+    _case("files-not-private", Defect(
+        # The runtime's files are created 0644 and its directories 0755: every row is where it
+        # belongs, and the case's directory, listed at its end, shows the database to everyone.
+        "files_not_private", "files-not-private", BEFORE_LOOKUP,
+        frozenset({"private-files"}), at=None)),
     _case("ledger-write-skipped", Defect(
         # lookup is idempotent, so its execution is never written to the ledger, and its
         # successful result has nothing behind it. Already in the fault-free baseline.

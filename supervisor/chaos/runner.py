@@ -25,6 +25,7 @@ from hermes.private_files import make_private_dirs, write_private
 from hermes.state import StorageError, open_snapshot
 from supervisor.chaos.checker import Durable, check_case
 from supervisor.chaos.checker.deaths import NEMESIS, count_deaths, death_causes
+from supervisor.chaos.checker.files import list_modes
 from supervisor.chaos.checker.kills import planned_kills
 from supervisor.chaos.conversation import is_generated, scenario_named
 from supervisor.chaos.generator import Case, case_file_stem
@@ -447,6 +448,12 @@ class CaseRunner:
         restarts = 0
         for turn_index in range(len(self.scenario.turns)):
             restarts += self._run_turn(turn_index)
+        promises = self.target.promises_for(dict(self.config.target_options))
+        if promises.private_files:  # listed before the supervisor writes there (a PostgreSQL image)
+            try:
+                self.history.record("files", entries=list_modes(self.db.parent))
+            except OSError as exc:
+                self.history.record("harness_error", error=f"listing {self.db.parent.name}: {exc}")
         events = self.history.events
         # The state the last snapshot read is the final one if no worker has started since it.
         seen = self._durable_seen
@@ -454,7 +461,7 @@ class CaseRunner:
         if self.pg is not None:  # the server's state now, imaged where a SQLite case keeps its file
             final = self.pg.image_to(self.db, durable=True)
         verdict = check_case(final, self.ledger, events, self.scenario.expectation(), planned=self.case.fault,
-                             promises=self.target.promises_for(dict(self.config.target_options)))
+                             promises=promises)
         self.observer.close()
         trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events
                  if e["type"] == "probe" and self._where[e["incarnation"]][1] >= 0]

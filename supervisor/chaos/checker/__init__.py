@@ -9,6 +9,7 @@ One small function per invariant of the design's contract, grouped by family:
     liveness     turn-liveness, outcome-honesty, fails-closed, coverage
     recovery     consume-once, recovery-determinism
     powercut     power-cut-durability
+    files        private-files
 
 Each states its property exactly in its docstring and returns a :class:`Verdict` whose
 `valid` is True, False or "unknown"; every violation names its invariant and carries a
@@ -29,6 +30,7 @@ from typing import Any
 
 from supervisor.chaos.checker.effects import CHAOS_TOOLS, KEYED_WRITES, effect_semantics, result_fidelity
 from supervisor.chaos.checker.evidence import as_durable, load_applied, load_executions, of_type
+from supervisor.chaos.checker.files import private_files
 from supervisor.chaos.checker.liveness import coverage, fails_closed, outcome_honesty, turn_liveness
 from supervisor.chaos.checker.own_results import load_own
 from supervisor.chaos.checker.powercut import power_cut_durability
@@ -59,6 +61,7 @@ from supervisor.chaos.checker.verdict import (
     NO_LOST_ROWS,
     OUTCOME_HONESTY,
     POWER_CUT_DURABILITY,
+    PRIVATE_FILES,
     RECOVERY_DETERMINISM,
     RESULT_FIDELITY,
     SANITIZE_PURE,
@@ -83,12 +86,12 @@ from targetkit import FULL_PROMISES, Promises
 __all__ = [
     "ANSWER_ONCE", "CHAOS_TOOLS", "CONSUME_ONCE", "CONTRACT", "COVERAGE", "DAMAGE", "DURABLE_BEFORE_EFFECT",
     "DURABLE_BEFORE_VISIBLE", "EFFECT_SEMANTICS", "FAILS_CLOSED", "FULL_PROMISES", "INVARIANTS", "KEYED_WRITES",
-    "NO_DUPLICATE_ROWS", "NO_KILL", "NO_LEDGER", "NO_LOST_ROWS", "OUTCOME_HONESTY", "POWER_CUT_DURABILITY", "RECOVERY_DETERMINISM", "RESULT_FIDELITY",
+    "NO_DUPLICATE_ROWS", "NO_KILL", "NO_LEDGER", "NO_LOST_ROWS", "OUTCOME_HONESTY", "POWER_CUT_DURABILITY", "PRIVATE_FILES", "RECOVERY_DETERMINISM", "RESULT_FIDELITY",
     "SANITIZE_PURE", "STREAM_HONESTY", "TURN_LIVENESS", "UNDETERMINED", "UNFIRED", "UNKNOWN", "UNREADABLE",
     "WELL_FORMED", "Durable", "Expectation", "Promises", "Verdict", "Violation", "answer_once", "check_case",
     "check_structure", "compose", "consume_once", "coverage", "durable_before_effect", "durable_before_visible",
     "effect_semantics", "fails_closed", "load_applied", "load_durable", "load_executions", "no_duplicate_rows",
-    "no_lost_rows", "outcome_honesty", "power_cut_durability", "recovery_determinism", "result_fidelity", "sanitize_pure", "stream_honesty", "turn_liveness",
+    "no_lost_rows", "outcome_honesty", "power_cut_durability", "private_files", "recovery_determinism", "result_fidelity", "sanitize_pure", "stream_honesty", "turn_liveness",
     "twin_transcript", "well_formed",
 ]
 
@@ -123,6 +126,7 @@ def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[d
         consume_once(d, ledger, events),
         recovery_determinism(events),
         power_cut_durability(events),
+        private_files(events, promises),
         coverage(events, planned),
     ]
     errors = of_type(events, "harness_error")

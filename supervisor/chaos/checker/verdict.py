@@ -14,10 +14,10 @@ UNKNOWN = "unknown"
 INVARIANTS = ("durable-before-visible", "durable-before-effect", "no-lost-rows", "no-duplicate-rows",
               "well-formed", "effect-semantics", "result-fidelity", "stream-honesty", "turn-liveness",
               "outcome-honesty", "answer-once", "sanitize-pure", "fails-closed", "consume-once",
-              "recovery-determinism", "power-cut-durability", "coverage")
+              "recovery-determinism", "power-cut-durability", "private-files", "coverage")
 (DURABLE_BEFORE_VISIBLE, DURABLE_BEFORE_EFFECT, NO_LOST_ROWS, NO_DUPLICATE_ROWS, WELL_FORMED,
  EFFECT_SEMANTICS, RESULT_FIDELITY, STREAM_HONESTY, TURN_LIVENESS, OUTCOME_HONESTY, ANSWER_ONCE, SANITIZE_PURE,
- FAILS_CLOSED, CONSUME_ONCE, RECOVERY_DETERMINISM, POWER_CUT_DURABILITY, COVERAGE) = INVARIANTS
+ FAILS_CLOSED, CONSUME_ONCE, RECOVERY_DETERMINISM, POWER_CUT_DURABILITY, PRIVATE_FILES, COVERAGE) = INVARIANTS
 
 # Why a verdict is "unknown": the case was not judged, which is never a pass.
 UNFIRED = "unfired"            # the planned kill's probe was never reached

@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hermes.private_files import open_private
 from supervisor.chaos.nemesis.family import Nemesis
 
 if TYPE_CHECKING:
@@ -87,7 +88,8 @@ class TwinRecovery(Nemesis):
             for suffix in ("", "-wal"):
                 original = Path(f"{source}{suffix}")
                 try:
-                    shutil.copyfile(original, twin / original.name)
+                    with original.open("rb") as src, open_private(twin / original.name, "wb") as dst:
+                        shutil.copyfileobj(src, dst)  # a copy of a transcript is as private as the transcript
                 except FileNotFoundError:
                     pass  # no WAL (or no ledger yet): the state is the main file alone
         args = case.worker_args("resume", twin / case.db.name, twin / case.ledger.name, case.base_url)
