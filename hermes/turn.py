@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hermes import persistence_failure, probes
+from hermes import interrupts, persistence_failure, probes
 from hermes.ids import validate_session_id
 from hermes.tools import registry
 
@@ -112,13 +112,14 @@ class Turn:
         """Commit `pending` in one transaction, then (only then) mark the live dicts durable."""
         db = self.db
         assert db is not None
-        results = db.write_pending(self.agent.session_id, pending, start_turn=start_turn,
-                                   probe_context={"turn": self.id})
-        for msg, (row_id, adopted) in zip(pending, results):
-            if adopted is not None:
-                msg["content"] = adopted
-            msg["_row_id"] = row_id
-            msg["_db_persisted"] = True
+        with interrupts.held():  # a Ctrl-C after COMMIT must not leave the rows looking unsaved
+            results = db.write_pending(self.agent.session_id, pending, start_turn=start_turn,
+                                       probe_context={"turn": self.id})
+            for msg, (row_id, adopted) in zip(pending, results):
+                if adopted is not None:
+                    msg["content"] = adopted
+                msg["_row_id"] = row_id
+                msg["_db_persisted"] = True
         return True
 
     def commit(self, messages: list[dict[str, Any]],

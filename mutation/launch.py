@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The campaigns of the oracle, cheapest first: every exhaustive case on SQLite, the pause mode,
-# power cuts (the code only a lost unsynced write exercises) and the PostgreSQL engine.
+# The campaigns of the oracle, cheapest first: every exhaustive case on SQLite, the pause mode, a
+# Ctrl-C at every point (the code that answers an interrupted batch runs only then), power cuts
+# (the code only a lost unsynced write exercises) and the PostgreSQL engine.
 GROUPS: dict[str, dict[str, Any]] = {
     "sqlite": {"mode": "exhaustive"},
     "pause": {"mode": "pause"},
+    "interrupt": {"mode": "interrupt"},
     "power-loss": {"mode": "exhaustive", "faults": ("power-loss",)},
     "postgres": {"mode": "exhaustive", "store": "postgres"},
 }

@@ -1,6 +1,6 @@
 """`hermes-supervisor`: chaos campaigns and transcript checks.
 
-    hermes-supervisor chaos [--mode exhaustive|double|random|pause] [--scenario NAME ...] [--jobs N] [--store postgres]
+    hermes-supervisor chaos [--mode exhaustive|double|random|pause|interrupt] [--scenario NAME ...] [--jobs N] [--store postgres]
                             [--tools MODULE]   (your own @tool module on our runtime)
                             [--shard I/N] [--seed S --runs N] [--report DIR] [--case ID] [--list-points]
                             [--target NAME [--target-option KEY=VALUE|KEY=all ...]] [--list-targets]

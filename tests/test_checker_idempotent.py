@@ -148,6 +148,20 @@ def test_an_idempotent_write_of_a_completed_turn_never_applied_fails(scenario: S
     holds(effect_semantics(scenario.db_path, scenario.ledger_path))
 
 
+def test_an_idempotent_write_an_interrupt_gave_up_as_unknown_is_not_lost(scenario: Scenario) -> None:
+    # Ctrl-C after the intent, before the tool ran: hermes.executor answered the call "outcome
+    # unknown", the worker ended on SIGINT, and the resumed turn completed without rerunning it.
+    scenario.user("t1", "store the flag")
+    scenario.assistant("t1", None, (SET,))
+    scenario.dispatch("t1", SET, IDEMPOTENT)
+    _given_up(scenario)
+    holds(effect_semantics(scenario.db_path, scenario.ledger_path, killed(signal.SIGINT)))
+    # Killed instead (recovery gave it up), or interrupted in another turn: the write was lost.
+    failing(effect_semantics(scenario.db_path, scenario.ledger_path, killed()), "effect-semantics")
+    failing(effect_semantics(scenario.db_path, scenario.ledger_path, killed(signal.SIGINT, turn="t-other")),
+            "effect-semantics")
+
+
 def test_an_idempotency_key_applied_twice_fails(scenario: Scenario) -> None:
     _killed_after_the_write(scenario)
     scenario.dispatch("t1", SET, IDEMPOTENT)

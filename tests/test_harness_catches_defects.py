@@ -193,6 +193,12 @@ DEFECT_CASES = [
         # failed, with no reason: the store is right, the caller is told otherwise.
         "outcome_misreported", "outcome-misreported", BEFORE_LOOKUP,
         frozenset({"outcome-honesty"}), at=None)),
+    _case("interrupt-after-commit", Defect(
+        # A Ctrl-C between the tool result's COMMIT and the note that it committed: the executor's
+        # interrupt flush writes the result again. Only an interrupt (never a kill) can show it.
+        "interrupt_after_commit", "interrupt-after-commit",
+        ("--mode", "interrupt", "--scenario", "single-tool", "--probe", "flush.committed"),
+        frozenset({"no-duplicate-rows", "well-formed"}), at="flush.committed:3")),
     _case("files-not-private", Defect(
         # The runtime's files are created 0644 and its directories 0755: every row is where it
         # belongs, and the case's directory, listed at its end, shows the database to everyone.

@@ -82,10 +82,11 @@ def test_the_nightly_workflow_runs_every_campaign_ci_cannot_and_pages_them_all()
         parsed = build_parser().parse_args(["chaos", *shlex.split(line), "--jobs", "4", "--report", "r"])
         assert parsed.jobs == 4, name
     faults = " ".join(args.values())
-    for needed in ("--faults power-loss", "--faults torn-write", "--mode pause", "--mode generated",
+    for needed in ("--faults power-loss", "--faults torn-write", "--mode pause", "--mode interrupt", "--mode generated",
                    "--store postgres --faults pg-terminate,pg-restart,pg-hang"):
         assert needed in faults, needed
     assert any("--mode pause --store postgres" in line for line in args.values())
+    assert any("--mode interrupt --store postgres" in line for line in args.values())
     page = next(s for s in flow["jobs"]["report"]["steps"] if s.get("name") == "One page for the night")["run"]
     assert all(f" {name} " in f" {page.split('for name in ')[1].split(';')[0]} " for name in args), page
     assert set(flow["jobs"]["report"]["needs"]) >= {"merge", "campaign"}

@@ -104,6 +104,13 @@ class ProbeWiring:
                     self.link.report(report)
                     self.link.released.wait()
                 return
+            if kill and plan is not None and plan.mode == "interrupt":
+                # Ctrl-C at this instant: the main thread's KeyboardInterrupt comes at its next
+                # bytecode (here, when this is the main thread), and the worker goes on to answer
+                # what it cut off, so this report is not its last word.
+                self.link.report(report)
+                os.kill(os.getpid(), signal.SIGINT)
+                return
             # A kill's report is the process's last word, so the supervisor can tell the death it
             # announces from a later one (a tool killing its own worker): see checker.deaths.
             if kill:

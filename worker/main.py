@@ -353,3 +353,13 @@ def main(argv: Sequence[str] | None = None, *, die_with_parent: bool = True) -> 
     except ChannelClosed as exc:
         print(f"worker: supervisor channel closed ({exc}); stopping", file=sys.stderr)
         return EXIT_TURN_FAILED
+    except KeyboardInterrupt:
+        # Ctrl-C (SIGINT): the turn answered what it cut off before the interrupt reached here
+        # (hermes.executor). End as an interrupted program does, on SIGINT, so whoever started this
+        # worker can tell (a fork-server child too, which would otherwise exit with a plain status).
+        print("worker: interrupted", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        raise  # not reached: SIGINT's default action ends the process

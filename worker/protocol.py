@@ -12,7 +12,7 @@ Worker -> supervisor messages (``type``):
     outcome  {result}                  how the command ended
 Supervisor -> worker:
     ack      {seq}
-    plan     {kill_at: "probe[:n]" | null, mode: "self" | "external" | "pause"}
+    plan     {kill_at: "probe[:n]" | null, mode: "self" | "external" | "pause" | "interrupt"}
     continue {}                        release a worker paused at its kill point
 """
 from __future__ import annotations
@@ -31,8 +31,10 @@ EXIT_OK, EXIT_TURN_FAILED, EXIT_USAGE = 0, 1, 2
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
 # self: the worker SIGKILLs itself; external: it reports and blocks until the supervisor kills it;
-# pause: it reports and blocks until told to continue (the supervisor SIGSTOPs it meanwhile).
-KILL_MODES = ("self", "external", "pause")
+# pause: it reports and blocks until told to continue (the supervisor SIGSTOPs it meanwhile);
+# interrupt: it reports and sends itself SIGINT, as a user's Ctrl-C: the turn's KeyboardInterrupt
+# answers what it cut off, and the worker ends on SIGINT (no SIGKILL: what it does next is judged).
+KILL_MODES = ("self", "external", "pause", "interrupt")
 
 
 class ChannelClosed(Exception):

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from supervisor.chaos.config import CampaignConfig
     from supervisor.chaos.runner import CaseResult
 
-MODES = ("exhaustive", "double", "random", "pause", "generated")
+MODES = ("exhaustive", "double", "random", "pause", "interrupt", "generated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +81,10 @@ def enumerate_cases(mode: str, scenario: str, baseline: CaseResult, config: Camp
         # points only such a worker reaches (self-kill's finalize.before), so without them no pause
         # would ever overtake a worker that answers the turn.
         return [Case(scenario, Fault("pause", t, p, probe=name, n=n)) for (t, p, name, n) in points]
+    if mode == "interrupt":
+        # Ctrl-C at every hit the fault-free run reached: the code that answers a cut-off batch, and
+        # every place a KeyboardInterrupt can leave a write or a callback half done, run only here.
+        return [Case(scenario, Fault("interrupt", t, p, probe=name, n=n)) for (t, p, name, n) in points]
     if mode == "double":
         cases = []
         for first_id, result in sorted((recoveries or {}).items()):

@@ -10,7 +10,7 @@ Event types the supervisor records (fields besides t/case/type):
               turn_id, kill_at (str | None), kill_mode
     hello     incarnation, pid
     probe     incarnation, name, n, ctx (session, turn, tool_call_id, ...), kill (bool), mode (with kill:
-              "self" | "external" | "pause")
+              "self" | "external" | "pause" | "interrupt")
     ui        incarnation, kind ("interim" | "tool_complete"), turn, tool_call_id?, text?,
               durable (bool: found in state.db at that instant),
               witness (dict naming what was found: "row_id" and/or "row_ids")

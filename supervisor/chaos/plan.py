@@ -6,7 +6,7 @@ the mode's cases, kept by `--probe`, cut by `--limit`. `--shard I/N` then keeps 
 
     random, generated
                 case i (its index in the seeded plan) when i % N == I - 1
-    exhaustive, pause
+    exhaustive, pause, interrupt
                 a case when crc32(case id) % N == I - 1
     double      a first kill as exhaustive does; its second kills go with it (they are derived
                 from its recovery, which only its shard runs)

@@ -142,6 +142,9 @@ class CaseRunner:
             return
         if mode == "pause":
             self._paused.set()
+        elif mode == "interrupt":
+            self.history.record("kill", incarnation=inc, pid=proc.pid, signal=signal.SIGINT, by="self",
+                                probe=f"{msg['name']}:{msg['n']}")
         elif mode == "external":
             proc.kill("supervisor")
             self.history.record("kill", incarnation=inc, pid=proc.pid, signal=signal.SIGKILL,

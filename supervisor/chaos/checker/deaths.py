@@ -8,7 +8,9 @@ worker that dies for some other reason can never stand in for a kill that did no
                  supervisor killed it while it waited), or the supervisor's planned timer killed it;
                  and no other kill of it was recorded after the nemesis's (a worker that announced
                  its kill, then hung until the supervisor killed it for taking too long, died of
-                 the timeout)
+                 the timeout); or the interrupt planned for it: it reported the planned probe hit
+                 with mode `interrupt` and ended on SIGINT (what it reported after, answering the
+                 calls the interrupt cut off, is expected of it)
     self         SIGKILL while it ran a tool, with no kill announced (a tool that restarts its own
                  worker: the last thing the worker reported was that tool's effect)
     timeout      the supervisor killed it for taking too long
@@ -39,6 +41,7 @@ _REPORTS = frozenset({"hello", "probe", "ui", "effect", "outcome"})
 def death_causes(events: Sequence[dict[str, Any]]) -> dict[int, str]:
     """incarnation -> why that worker died, for every worker of the case that died of a signal."""
     announced: dict[int, int] = {}     # incarnation -> index of the probe hit that announced its kill
+    interrupted: set[int] = set()      # incarnations that announced their planned SIGINT
     kills: dict[int, str] = {}         # incarnation -> who the supervisor last recorded killing it
     last_report: dict[int, dict[str, Any]] = {}
     lived_on: set[int] = set()
@@ -51,7 +54,9 @@ def death_causes(events: Sequence[dict[str, Any]]) -> dict[int, str]:
             if inc in announced:
                 lived_on.add(inc)
             last_report[inc] = event
-            if kind == "probe" and event.get("kill") is True and event.get("mode") != "pause":
+            if kind == "probe" and event.get("kill") is True and event.get("mode") == "interrupt":
+                interrupted.add(inc)
+            elif kind == "probe" and event.get("kill") is True and event.get("mode") != "pause":
                 announced.setdefault(inc, index)
         elif kind == "kill":
             # The last kill recorded is the one the worker died of: a worker that announced its
@@ -65,7 +70,9 @@ def death_causes(events: Sequence[dict[str, Any]]) -> dict[int, str]:
     causes = {}
     for inc, signum in dead.items():
         by = kills.get(inc)
-        if signum != signal.SIGKILL:
+        if signum == signal.SIGINT and inc in interrupted and by == "self":
+            causes[inc] = NEMESIS
+        elif signum != signal.SIGKILL:
             causes[inc] = _signal_name(signum)
         elif by in (TIMEOUT, POWER_CUT, SERVER_HANG):
             causes[inc] = by

@@ -132,8 +132,9 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
       write done twice;
     * in a turn that completed ('done'), every dispatched idempotent call of a keyed-write tool
       was applied exactly once: never applied, the write was lost (recovery gave it up as
-      "outcome unknown" instead of rerunning it under its key, say); applied under several
-      keys, it was done more than once.
+      "outcome unknown" instead of rerunning it under its key, say), unless its turn's interrupt
+      cut it off and its result says its outcome is unknown (the user's interrupt gave it up, not
+      recovery); applied under several keys, it was done more than once.
 
     The applied writes are read from `applied`, or from `ledger` when that is a path (given
     the executions alone and no `applied`, they are not judged). Without a readable ledger
@@ -203,7 +204,8 @@ def effect_semantics(db: DB, ledger: Path | Sequence[dict[str, Any]] | None,
     if applied is None and isinstance(ledger, (str, Path)):
         applied = ledger
     writes = load_applied(applied) if applied is not None else None
-    not_judged = _keyed_writes(writes, keyed_writes, runs, intents, results, done_turns, flag, violations)
+    not_judged = _keyed_writes(writes, keyed_writes, runs, intents, results, done_turns, _cut_off_turns(d, events),
+                               flag, violations)
     counts = {"executions": len(executions), "calls_executed": len(runs), "intents": len(d.dispatches),
               "results": sum(kinds.values()), **{f"results_{k}": n for k, n in sorted(kinds.items())},
               "applied_writes": len(writes) if isinstance(writes, list) else 0}
@@ -266,7 +268,7 @@ def _reruns_under_new_ids(runs: dict[CallKey, list[dict[str, Any]]],
 def _keyed_writes(writes: list[dict[str, Any]] | str | None, keyed_writes: Collection[str],
                   runs: dict[CallKey, list[dict[str, Any]]], intents: dict[CallKey, list[dict[str, Any]]],
                   results: dict[CallKey, list[dict[str, Any]]], done_turns: set[str],
-                  flag: Callable[..., None], violations: list[Violation]) -> str | None:
+                  cut_off: set[tuple[str, str]], flag: Callable[..., None], violations: list[Violation]) -> str | None:
     """The keyed-write rules of effect_semantics, on the ledger's applied writes; a string when
     they had to be judged and could not be (the applied writes cannot be read)."""
     # Per call of a keyed-write tool: the idempotency keys it was dispatched or ran under. The
@@ -297,6 +299,8 @@ def _keyed_writes(writes: list[dict[str, Any]] | str | None, keyed_writes: Colle
         its = intents.get(key, [])
         if key[1] not in done_turns or not its or {i["policy"] for i in its} != {IDEMPOTENT}:
             continue
+        if key[:2] in cut_off and any(_result_kind(r["content"]) == "unknown" for r in results.get(key, [])):
+            continue  # the turn's interrupt gave it up, saying so (result-fidelity judges that answer)
         tool = its[0]["tool_name"]
         applied_keys = sorted(k for k in keys if applications.get(k))
         witness = {"idempotency_keys": sorted(keys), "applications": [w for k in applied_keys for w in applications[k]],

@@ -11,6 +11,8 @@ processes, or a kill aimed at a process that never started).
             (cause "nemesis", supervisor.chaos.checker.deaths)
     timer   fired: the supervisor's timer sent SIGKILL to that worker; landed: it died of it
     pause   fired as a probe; landed: that worker was seen stopped while another took over
+    interrupt  fired as a probe; landed: that worker then ended on its own SIGINT (a worker that
+            swallowed the interrupt and went on is NO_KILL)
 
 A kill that never fired is UNFIRED (its worker never started, or never reached the point); one
 that fired, or whose timer went off, without killing is NO_KILL. Either leaves the case unjudged.

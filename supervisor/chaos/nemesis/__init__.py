@@ -11,6 +11,9 @@ the `process`-th process (0-based) started for turn `turn` of the scenario. Kind
             milliseconds, so that the plan is the same in every process that derives it
     pause   SIGSTOP at a probe, let a fresh worker take the session over, then SIGCONT:
             the old worker must fail its next write on the fencing epoch
+    interrupt  SIGINT at the n-th hit of a probe, sent by the worker to itself (a user's Ctrl-C):
+            the turn must answer what it cut off truthfully, and the worker ends on SIGINT; the
+            turn is then resumed like a killed one
 
 `then` is a second fault for the first recovery process (double kills). A fault
 prints as a stable label, and the label parses back, so a case can be rerun from it.
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-FAULT_KINDS = ("probe", "timer", "pause")
+FAULT_KINDS = ("probe", "timer", "pause", "interrupt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,7 @@ class Fault:
         """Arguments for the targeted worker (timer faults need none: the supervisor fires them)."""
         if self.kind == "timer":
             return []
-        mode = "pause" if self.kind == "pause" else self.mode
+        mode = self.kind if self.kind in ("pause", "interrupt") else self.mode
         return ["--kill-at", f"{self.probe}:{self.n}", "--kill-mode", mode]
 
 
