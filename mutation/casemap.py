@@ -2,12 +2,13 @@
 
 Built once per code version: each group's whole campaign (launch.GROUPS) runs with the workers
 importing a copy of the tree whose `sitecustomize.py` starts coverage.py in every worker
-process and saves it per pid at exit, `os._exit` included. Workers are fresh interpreters
-here (no fork-server template), so each pid's data is its own. A worker killed by SIGKILL
-saves nothing, but until its kill it ran a prefix of its scenario's fault-free run, so a case
-is credited with the lines of its scenario's fault-free case plus those of its own surviving
-workers (recovery, the paused worker let go, the restarts after a power cut). That over-
-approximates, which costs time, never a missed kill. Lines that only the supervisor runs (the
+process and saves it per pid at exit, `os._exit` included, and when the worker signals its
+own end (SIGKILL at its kill point, SIGINT after a Ctrl-C has been answered). Workers are fresh
+interpreters here (no fork-server template), so each pid's data is its own. A worker killed from
+outside saves nothing, but until its kill it ran a prefix of its scenario's fault-free run, so a
+case is credited with the lines of its scenario's fault-free case plus those of its own workers
+(recovery, the paused worker let go, the restarts after a power cut). That over-approximates,
+which costs time, never a missed kill. Lines that only the supervisor runs (the
 checker's snapshot reader) are in no case: the supervisor is never mutated.
 
 A case whose campaign fails on the original code cannot tell a mutant from it: it is left out of
@@ -47,6 +48,16 @@ if _os.environ.get("MUTATION_COVERAGE_DIR"):
         _real(code)
     _os._exit = _exit
     _atexit.register(_save)
+    import signal as _signal
+    def _kill(pid, sig, _real=_os.kill):
+        # A worker ending itself by a signal runs no atexit: SIGKILL at its kill point, or SIGINT
+        # once a Ctrl-C has run its course (the default action: a SIGINT that still raises
+        # KeyboardInterrupt is not an end, and what the turn does next must be measured).
+        if pid == _os.getpid() and (sig == _signal.SIGKILL or (
+                sig == _signal.SIGINT and _signal.getsignal(_signal.SIGINT) == _signal.SIG_DFL)):
+            _save()
+        _real(pid, sig)
+    _os.kill = _kill
 '''
 
 

@@ -7,7 +7,11 @@ bugs made by cosmic-ray's operators, each of which the campaign oracle must kill
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -179,6 +183,9 @@ SAMPLE = [
     ("worker/ledger.py", "core/AddNot",
      "if present < 2:  # a new ledger (or one left half-made): create what is missing, in one transaction",
      "single-tool/fault-free"),
+    # A call a Ctrl-C cut off before its tool started, its intent committed, is answered "cancelled":
+    # the transcript says it never ran when it may have. Only the interrupt group reaches it.
+    ("hermes/outcomes.py", "core/AddNot", "if dispatched:", "single-tool/interrupt:self@tool.dispatch.before:1@t0p0"),
 ]
 
 
@@ -188,15 +195,17 @@ def test_the_campaign_oracle_kills_the_sample_mutant(tmp_path: Path, module: str
     from cosmic_ray.mutating import apply_mutation
     from cosmic_ray.plugins import get_operator
 
-    found = [m for m in mutants.enumerate_module(REPO, module) if m.operator == operator and m.line_text == line]
-    assert len(found) == 1, f"the sample mutant is gone from {module}: update SAMPLE"
-    mutant = found[0]
+    found = sorted((m for m in mutants.enumerate_module(REPO, module) if m.operator == operator and m.line_text == line),
+                   key=lambda m: m.line)
+    assert found, f"the sample mutant is gone from {module}: update SAMPLE"
+    mutant = found[0]  # of lines with the same text, the first
     copy = tree.copy_tree(REPO, tmp_path / "tree")
     _, mutated = apply_mutation(copy / module, get_operator(operator)(), mutant.occurrence)
     assert mutated is not None
     # A case map holding just the sample's case, for that line: the oracle's own path from there.
-    the_map = {"groups": {"sqlite": {"cases": [case_id], "case_seconds": [1.0],
-                                     "lines": {module: {str(mutant.line): [0]}}}}}
+    group = "interrupt" if "/interrupt:" in case_id else "sqlite"
+    the_map = {"groups": {group: {"cases": [case_id], "case_seconds": [1.0],
+                                  "lines": {module: {str(mutant.line): [0]}}}}}
     verdict = oracle.judge(REPO, copy, the_map, budget=120)
     assert verdict["outcome"] == "killed", verdict
     assert verdict["case"] == case_id and verdict["by"], verdict
@@ -215,3 +224,34 @@ def test_a_case_failing_on_the_original_code_is_no_oracle(tmp_path: Path) -> Non
                         {"equivalent": {}, "survivor": {}})
     assert fig["failing_on_the_original"] == {"pause": [ran[2]]}
     assert f"`pause` `{ran[2]}`" in score.render(fig)
+
+
+@pytest.mark.parametrize("ending", ["SIGKILL", "SIGINT"])
+def test_the_case_map_measures_a_worker_that_ends_itself_by_a_signal(tmp_path: Path, ending: str) -> None:
+    """atexit never runs in a process a signal ends: the map's coverage hook saves first, and only at
+    the end (a SIGINT that still raises KeyboardInterrupt is a Ctrl-C the program goes on from)."""
+    program = tmp_path / "ends.py"
+    program.write_text(
+        "import os, signal\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "except KeyboardInterrupt:\n"
+        "    answered = True\n"
+        "if os.environ['ENDING'] == 'SIGINT':\n"
+        "    signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+        "os.kill(os.getpid(), getattr(signal, os.environ['ENDING']))\n"
+        "never = True\n")
+    (tmp_path / "sitecustomize.py").write_text(casemap.SITECUSTOMIZE)
+    data = tmp_path / "coverage"
+    data.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), MUTATION_COVERAGE_DIR=str(data),
+               MUTATION_COVERAGE_INCLUDE=str(program), ENDING=ending)
+    done = subprocess.run([sys.executable, str(program)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == -getattr(signal, ending), done.stderr
+    [saved] = data.glob("cov.*")
+    import coverage
+
+    measured = coverage.CoverageData(basename=str(saved))
+    measured.read()
+    lines = set(measured.lines(str(program)) or ())
+    assert {5, 8} <= lines and 9 not in lines, sorted(lines)
