@@ -115,6 +115,7 @@ def run_shard(source: Path, work: Path, shard: tuple[int, int], modules: list[st
     results: dict[str, Any] = {"tool": _tool(), "shard": list(shard), "oracle": state["oracle"],
                                "groups": oracle_scope, "modules": {},
                                "failing": {g: state["map"]["groups"][g].get("failing", []) for g in groups}}
+    _carry_over(previous, results, state["pristine"])
     done = 0
     for module in modules or tree.core_modules(state["pristine"]):
         digest = tree.file_digest(state["pristine"] / module)
@@ -152,6 +153,18 @@ def run_shard(source: Path, work: Path, shard: tuple[int, int], modules: list[st
             _write(out_path, results)  # a shard stopped midway keeps what it measured
         _write(out_path, results)
     return out_path
+
+
+def _carry_over(previous: dict[str, Any], results: dict[str, Any], pristine: Path) -> None:
+    """Keep in `results` the modules an earlier run of this shard measured, while the oracle and each
+    module's text are the ones they were measured with: a run of one module (`--module`) adds to the
+    shard's results and never throws the other modules' away."""
+    if (previous.get("oracle"), previous.get("groups")) != (results["oracle"], results["groups"]):
+        return
+    for module, record in previous.get("modules", {}).items():
+        path = pristine / module
+        if path.is_file() and record.get("digest") == tree.file_digest(path):
+            results["modules"][module] = record
 
 
 def _compiles(source: str, m: mutants.Mutant) -> bool:

@@ -45,6 +45,32 @@ def test_every_interrupt_lands_and_every_interrupted_turn_ends_well(tmp_path: Pa
     assert "worker: interrupted" in log and "Traceback" not in log
 
 
+EMBEDDED = """
+import json, signal, sys
+from pathlib import Path
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a shell's background job, before any worker starts
+from mutation import launch
+outcome = launch.run_group(Path(sys.argv[1]), "interrupt", [sys.argv[2]], stop_on_fail=False)
+print(json.dumps({"ran": outcome.ran, "failures": outcome.failures, "why": outcome.why}))
+"""
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_workers_of_a_process_that_ignores_sigint_still_answer_their_ctrl_c(tmp_path: Path) -> None:
+    """A shell starts a background job with SIGINT ignored, and every process it starts inherits that
+    unless it sets a handler of its own (the `chaos` command does; a campaign run from Python, as the
+    mutation oracle runs one, need not). A worker must still answer its planned Ctrl-C, not swallow it
+    (the case would be unjudged: no-kill)."""
+    case = "single-tool/interrupt:self@tool.dispatch.before:1@t0p0"
+    done = subprocess.run([sys.executable, "-c", EMBEDDED, str(REPO), case], cwd=REPO,
+                          env=dict(os.environ, NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=240, start_new_session=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert case in outcome["ran"] and outcome["failures"] == [], outcome
+
+
 def _events(*, announced: bool, exit_signal: int | None, mode: str = "interrupt") -> list[dict[str, Any]]:
     base = {"case": "c", "incarnation": 1}
     events: list[dict[str, Any]] = [{**base, "type": "spawn", "pid": 10, "command": "run", "turn_index": 0,

@@ -255,3 +255,25 @@ def test_the_case_map_measures_a_worker_that_ends_itself_by_a_signal(tmp_path: P
     measured.read()
     lines = set(measured.lines(str(program)) or ())
     assert {5, 8} <= lines and 9 not in lines, sorted(lines)
+
+
+def test_a_run_of_one_module_keeps_the_shards_other_modules(tmp_path: Path) -> None:
+    from mutation.run import _carry_over
+
+    (tmp_path / "hermes").mkdir()
+    for name in ("a.py", "b.py"):
+        (tmp_path / "hermes" / name).write_text(f"X = '{name}'\n")
+    measured = {m: {"digest": tree.file_digest(tmp_path / m), "made": 1, "mutants": {"id": {"outcome": "killed"}}}
+                for m in ("hermes/a.py", "hermes/b.py")}
+    previous = {"oracle": "o1", "groups": ["sqlite"], "modules": measured}
+    results: dict[str, Any] = {"oracle": "o1", "groups": ["sqlite"], "modules": {}}
+    _carry_over(previous, results, tmp_path)
+    assert results["modules"] == measured
+    (tmp_path / "hermes" / "b.py").write_text("X = 'changed'\n")  # measured on another text: dropped
+    results = {"oracle": "o1", "groups": ["sqlite"], "modules": {}}
+    _carry_over(previous, results, tmp_path)
+    assert list(results["modules"]) == ["hermes/a.py"]
+    for other in ({"oracle": "o2", "groups": ["sqlite"]}, {"oracle": "o1", "groups": ["sqlite", "pause"]}):
+        results = dict(other, modules={})  # another oracle: nothing of the old one is kept
+        _carry_over(previous, results, tmp_path)
+        assert results["modules"] == {}

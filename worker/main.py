@@ -342,6 +342,10 @@ def main(argv: Sequence[str] | None = None, *, die_with_parent: bool = True) -> 
     """The worker entry. A fork-server child passes die_with_parent=False: its parent at that
     instant may be a double fork's short-lived intermediate (worker.forkserver), and a closed
     control channel already stops it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Inherited, not chosen: a shell starts a background job with SIGINT ignored, and that reaches
+        # every process below it. A worker answers a Ctrl-C (what it cut off, then it ends on SIGINT).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         args = _parser().parse_args(argv)
         plan = _validate(args)

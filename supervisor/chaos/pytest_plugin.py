@@ -1,6 +1,6 @@
 """`pytest --hermes-chaos "ARGS"`: a chaos campaign as pytest items, for a CI that speaks pytest.
 
-ARGS are `hermes-supervisor chaos` options (--mode exhaustive|random|pause, --scenario, --probe,
+ARGS are `hermes-supervisor chaos` options (--mode exhaustive|random|pause|interrupt, --scenario, --probe,
 --seed, --runs, --kill-mode, --faults, --limit, --case, --shard, --target, --campaign-id, and
 --tools MODULE: your own tools' scripts instead of the chaos tools', supervisor.chaos.own_tools; or
 your graph or agent, --target langgraph --target-option app=MODULE:build, --target openai-agents
