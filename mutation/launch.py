@@ -28,12 +28,20 @@ GROUPS: dict[str, dict[str, Any]] = {
 
 
 _running: list[Any] = []  # the campaign run_group is running, for stop_running
+_stopped: list[str] = []  # why this process was told to stop: no campaign starts after that
 
 
 def stop_running(reason: str) -> None:
-    """Stop the campaign under way (from a signal handler): its workers are killed by pid."""
+    """Stop the campaign under way and every one after it (from a signal handler or a watcher
+    thread): its workers are killed by pid."""
+    _stopped.append(reason)
     for campaign in list(_running):
         campaign.stop(reason)
+
+
+def stopped() -> str | None:
+    """Why this process was told to stop, or None."""
+    return _stopped[0] if _stopped else None
 
 
 @dataclass
@@ -95,6 +103,9 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
             holder["campaign"].stop("mutant killed")
 
     started = time.monotonic()
+    if stopped():
+        outcome.timed_out = True  # told to stop before it began: nothing was judged
+        return outcome
     # child_env and the pool read REPO_ROOT at each start: the workers' PYTHONPATH and directory.
     repo_root, pool.REPO_ROOT = pool.REPO_ROOT, worker_tree
     Pool.spawn = spawn  # type: ignore[method-assign]

@@ -8,7 +8,8 @@ one core module of M that differs from P, the lines the mutation changed, and, f
 map, the cases of each campaign group that execute them; then runs them with the workers
 importing M. Exit status (cosmic-ray's reading): 1 killed (a case's campaign would fail:
 a violated invariant, or a case that could not be judged, which fails a campaign too), 0
-survived (including "no case executes the line"), 3 when the budget ran out before a verdict.
+survived (including "no case executes the line"), 3 when the budget ran out, or the oracle was told
+to stop, before a verdict.
 OUT gets the details as JSON.
 """
 from __future__ import annotations
@@ -17,11 +18,14 @@ import argparse
 import ctypes
 import difflib
 import json
+import os
+import select
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mutation import casemap, launch, tree
 
@@ -63,6 +67,9 @@ def judge(pristine: Path, mutant_tree: Path, the_map: dict[str, Any], budget: fl
             return dict(report, outcome="killed", group=group, case=None, by=[f"campaign-crashed:{type(exc).__name__}"],
                         ran=ran, seconds=round(time.monotonic() - started, 2))
         ran += len(outcome.ran)
+        if launch.stopped():
+            return dict(report, outcome="stopped", why=launch.stopped(), ran=ran,
+                        seconds=round(time.monotonic() - started, 2))
         if outcome.failed is not None:
             return dict(report, outcome="killed", group=group, case=outcome.failed, by=outcome.why,
                         ran=ran, seconds=round(time.monotonic() - started, 2))
@@ -72,9 +79,11 @@ def judge(pristine: Path, mutant_tree: Path, the_map: dict[str, Any], budget: fl
     return dict(report, outcome="survived", ran=ran, seconds=round(time.monotonic() - started, 2))
 
 
-def _stop_with_driver() -> None:
-    """SIGTERM (also sent when the process that started this one dies) stops the campaign cleanly:
-    cosmic-ray starts the oracle in a session of its own, so nothing else would end its workers."""
+def _stop_with_driver(driver: int | None) -> None:
+    """SIGTERM or SIGINT, or the end of `driver` (the `scripts/mutation run` process), stops the
+    campaign cleanly and every one after it. cosmic-ray starts the oracle through a shell in a session
+    of its own, so neither the parent-death signal (the shell outlives the driver) nor a signal to the
+    driver's group would reach it: without the watch, the oracle ran on for its whole budget."""
     def stop(signum: int, _frame: Any) -> None:
         launch.stop_running(signal.Signals(signum).name)
 
@@ -84,6 +93,24 @@ def _stop_with_driver() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if driver is not None:
+        watch_process(driver, lambda: launch.stop_running(f"the mutation run (pid {driver}) is gone"))
+
+
+def watch_process(pid: int, on_gone: Callable[[], None]) -> None:
+    """Call `on_gone` (from a thread) once process `pid` has ended; at once if it is gone already."""
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        on_gone()
+        return
+
+    def wait() -> None:
+        select.select([handle], [], [])  # a pidfd turns readable when its process ends
+        os.close(handle)
+        on_gone()
+
+    threading.Thread(target=wait, name="driver-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,12 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--map", type=Path, required=True)
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--budget", type=float, default=600.0)
+    parser.add_argument("--driver", type=int, help="the pid of the run that started this oracle: stop when it ends")
     args = parser.parse_args(argv)
-    _stop_with_driver()
+    _stop_with_driver(args.driver)
     verdict = judge(args.pristine.resolve(), args.mutant_tree.resolve(), casemap.load(args.map), args.budget)
     args.result.write_text(json.dumps(verdict, sort_keys=True))
     print(json.dumps(verdict, sort_keys=True))
-    return {"killed": EXIT_KILLED, "timeout": EXIT_TIMEOUT}.get(verdict["outcome"], EXIT_SURVIVED)
+    return {"killed": EXIT_KILLED, "timeout": EXIT_TIMEOUT, "stopped": EXIT_TIMEOUT}.get(verdict["outcome"],
+                                                                                          EXIT_SURVIVED)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ def run_mutant(state: dict[str, Any], m: mutants.Mutant, budget: float) -> dict[
     result_file.unlink(missing_ok=True)
     command = shlex.join([sys.executable, "-m", "mutation.oracle", "--pristine", str(state["pristine"]),
                           "--mutant-tree", str(state["mutant_tree"]), "--map", str(state["map_path"]),
-                          "--result", str(result_file), "--budget", str(round(budget))])
+                          "--result", str(result_file), "--budget", str(round(budget)),
+                          "--driver", str(os.getpid())])
     spec = MutationSpec(module_path=state["mutant_tree"] / m.module, operator_name=m.operator,
                         occurrence=m.occurrence, start_pos=(m.line, 0), end_pos=(m.line, 1))
     started = time.monotonic()
@@ -85,6 +86,8 @@ def run_mutant(state: dict[str, Any], m: mutants.Mutant, budget: float) -> dict[
         verdict = json.loads(result_file.read_text())
     except (OSError, ValueError):
         return dict(entry, outcome="error", detail=(work.output or "")[-2000:])
+    if verdict.get("outcome") == "stopped":  # told to stop before a verdict: measured again next time
+        return dict(entry, outcome="error", detail=f"stopped: {verdict.get('why')}")
     entry.update({k: verdict[k] for k in ("outcome", "group", "case", "by", "ran", "cases") if k in verdict})
     entry["diff"] = (work.diff or "").replace(f"{state['mutant_tree']}/", "")[:1500]
     return entry

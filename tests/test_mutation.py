@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from mutation import casemap, mutants, oracle, score, tree
+from mutation import casemap, launch, mutants, oracle, score, tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -277,3 +277,39 @@ def test_a_run_of_one_module_keeps_the_shards_other_modules(tmp_path: Path) -> N
         results = dict(other, modules={})  # another oracle: nothing of the old one is kept
         _carry_over(previous, results, tmp_path)
         assert results["modules"] == {}
+
+
+def test_the_oracle_learns_at_once_that_its_driver_is_gone() -> None:
+    """cosmic-ray starts the oracle through a shell in a session of its own: when the run that drives
+    it ends, only a watch on that process tells the oracle to stop its campaign."""
+    import threading
+
+    driver = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    gone = threading.Event()
+    try:
+        oracle.watch_process(driver.pid, gone.set)
+        assert not gone.is_set()
+    finally:
+        driver.stdin.close()  # it ends on its own
+        driver.wait(timeout=30)
+    assert gone.wait(timeout=30)
+    dead = threading.Event()
+    oracle.watch_process(driver.pid, dead.set)  # reaped already: no such process
+    assert dead.is_set()
+
+
+def test_a_stopped_oracle_starts_no_further_campaign(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+
+    def run_group(_tree: Path, group: str, cases: list[str], **_kwargs: Any) -> launch.Outcome:
+        ran.append(group)
+        launch.stop_running("driver gone")  # stopped while this group ran
+        return launch.Outcome(ran=cases)
+
+    monkeypatch.setattr(launch, "_stopped", [])
+    monkeypatch.setattr(launch, "run_group", run_group)
+    monkeypatch.setattr(oracle, "mutated", lambda _p, _m: ("hermes/m.py", {3}))
+    the_map = {"groups": {g: {"cases": ["single-tool/fault-free"], "case_seconds": [1.0],
+                              "lines": {"hermes/m.py": {"3": [0]}}} for g in ("sqlite", "interrupt")}}
+    verdict = oracle.judge(Path("p"), Path("m"), the_map, budget=60)
+    assert ran == ["sqlite"] and verdict["outcome"] == "stopped" and verdict["why"] == "driver gone"
