@@ -9,10 +9,20 @@ import os
 import signal
 import threading
 from types import FrameType
+from typing import Iterator
 
 import pytest
 
 from hermes import interrupts
+
+
+@pytest.fixture(autouse=True)
+def pythons_own_handler() -> Iterator[None]:
+    """Each test starts from Python's own SIGINT handler, whatever this test run inherited (a shell's
+    background job starts with SIGINT ignored, and Python then leaves it ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def test_a_ctrl_c_inside_is_raised_once_the_block_is_done() -> None:
