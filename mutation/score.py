@@ -4,8 +4,9 @@
 that no verdict could tell from the original, with a one-line reason; each `[[survivor]]` one
 that a sharper verdict could see, with what it would need to see. An entry names its mutant
 by module, operator, the text of its line and its rank among that operator's mutants on lines
-of that text (never a line number). An entry that matches no surviving mutant counts for
-nothing and is listed as stale.
+of that text (never a line number). An entry whose mutant the figure judged and did not find
+surviving counts for nothing and is listed as stale; one whose mutant was not run is kept for
+the run that reaches it.
 """
 from __future__ import annotations
 
@@ -127,9 +128,13 @@ def figures(merged: dict[str, Any], triage: dict[str, dict[str, dict[str, Any]]]
                     matched.add(mutant_id)
                 row["survivors"].append(dict(about, outcome=outcome, needs=note or "not yet triaged"))
         out["modules"][module] = row
+    # Stale: an entry for a mutant this figure judged, which did not survive. One for a mutant not run
+    # yet (a module left out of the run, or a shard stopped midway) is neither stale nor counted.
+    judged = {mutant_id for record in merged["modules"].values() for mutant_id, entry in record["mutants"].items()
+              if entry["outcome"] not in ("no-mutation", "incompetent", "annotation", "error")}
     for kind in ("equivalent", "survivor"):
         for key, entry in sorted(triage[kind].items()):
-            if key not in matched:
+            if key in judged and key not in matched:
                 out["stale_triage"].append({"kind": kind, "module": entry["module"], "line": entry["line"],
                                             "operator": entry["operator"]})
     out["cost_seconds_per_mutant"] = {k: _stats(v) for k, v in seconds.items()}

@@ -92,6 +92,12 @@ def test_triage_counts_only_entries_that_match_a_surviving_mutant(tmp_path: Path
         operator = "core/AddNot"
         line = "x = 1"
         reason = "killed, so this entry is stale"
+
+        [[survivor]]
+        module = "hermes/y.py"
+        operator = "core/AddNot"
+        line = "y = 1"
+        reason = "a module this run did not reach: kept, not stale"
     """))
     fig = score.figures(score.merge([shard]), score.load_triage(tmp_path / "t.toml"))
     row = fig["modules"]["hermes/x.py"]
