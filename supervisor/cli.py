@@ -33,6 +33,7 @@ from supervisor.chaos.generator import MODES
 from supervisor.chaos.nemesis.family import FaultUnavailable, chosen, fault_names
 from supervisor.chaos.scenarios import SCENARIOS
 from supervisor.daemon import cli as daemon_cli
+from supervisor.procs.pool import TemplateFailed
 from targetkit import OptionError, Target, UnknownTarget, registry
 from targetkit.target import option_pairs
 
@@ -556,6 +557,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"hermes-supervisor: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except TemplateFailed as exc:  # nothing could be judged: a campaign that cannot run fails
+        print(f"hermes-supervisor: error: {exc}", file=sys.stderr)
+        return EXIT_VIOLATIONS
     except Interrupted as exc:
         print(f"hermes-supervisor: stopped by {exc}: the report is partial", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -189,6 +189,11 @@ class PoolStopped(Exception):
     """The pool was stopped (the campaign is being interrupted): it starts no more workers."""
 
 
+class TemplateFailed(RuntimeError):
+    """The warm worker template is gone (it could not import the runtime or the target, or died):
+    no worker can be started, and the campaign cannot go on."""
+
+
 MessageHandler = Callable[[WorkerProcess, dict[str, Any]], None]
 LogHandler = Callable[[WorkerProcess, bytes], None]
 
@@ -223,8 +228,18 @@ class ForkServer:
 
     def fork(self, argv: list[str], control_fd: int, stderr_fd: int, cwd: Path) -> int:
         with self.lock:
-            send_with_fds(self.sock, {"argv": argv, "cwd": str(cwd)}, [control_fd, stderr_fd])
-            reply = Channel(self.sock).recv()
+            try:
+                send_with_fds(self.sock, {"argv": argv, "cwd": str(cwd)}, [control_fd, stderr_fd])
+                reply = Channel(self.sock).recv()
+            except (ChannelClosed, OSError) as exc:
+                try:
+                    status: int | None = self.process.wait(timeout=5)  # it is going, or gone: say how
+                except subprocess.TimeoutExpired:
+                    status = None
+                raise TemplateFailed(
+                    "the worker template " + (f"exited with status {status}" if status is not None else
+                                              f"stopped answering ({exc})")
+                    + ": it could not import the runtime or the target (its own error is on stderr above)") from None
         if "pid" not in reply:
             raise OSError(f"the worker template failed: {reply.get('error')}")
         pid = reply["pid"]
