@@ -18,6 +18,8 @@ from supervisor.chaos.checker.evidence import of_type
 from supervisor.chaos.checker.verdict import PRIVATE_FILES, Verdict, Violation, verdict_of
 from targetkit import Promises
 
+# The contract's own numbers, not hermes.private_files' constants: a runtime that changed those
+# must still be judged against 0600 and 0700.
 FILE_MODE, DIR_MODE = 0o600, 0o700
 FILE, DIRECTORY, OTHER = "file", "dir", "other"
 WITNESS_LIMIT = 20  # a runtime that gets the mode wrong gets it wrong for every file: a few show it
@@ -28,8 +30,8 @@ def list_modes(root: Path) -> list[list[Any]]:
     to root, kind, permission bits], in a stable order. An entry removed while it is listed is left out."""
     entries: list[list[Any]] = []
     for folder, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in sorted(dirs) + sorted(files):
+        dirs.sort()  # in place: the walk descends in this order too
+        for name in dirs + sorted(files):
             path = Path(folder) / name
             try:
                 st = path.lstat()
