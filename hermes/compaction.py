@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from hermes import chat_request
 from hermes.transcript import call_ids, sanitize_api_messages, trailing_tool_block
 
 if TYPE_CHECKING:
@@ -34,9 +35,9 @@ SUMMARY_PREFIX = "[Summary of the earlier conversation]\n"
 
 def _summary(agent: "AIAgent", older: list[dict[str, Any]]) -> str:
     """The model's summary of `older` ("" when it gave none); raises what the request raised."""
-    response = agent.client.chat.completions.create(
-        model=agent.model,
-        messages=sanitize_api_messages(older) + [{"role": "user", "content": SUMMARY_PROMPT}])
+    response = chat_request.create(agent.client, {
+        "model": agent.model,
+        "messages": sanitize_api_messages(older) + [{"role": "user", "content": SUMMARY_PROMPT}]})
     choices = getattr(response, "choices", None)
     if not choices:
         return ""

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from openai import OpenAI
 
-from hermes import compaction, executor, finalizer, probes
+from hermes import chat_request, compaction, executor, finalizer, probes
 from hermes.content import UserContent
 from hermes.ids import validate_session_id
 from hermes.private_files import make_private_dirs, open_private
@@ -300,7 +300,7 @@ class AIAgent:
         return reply
 
     def _plain_reply(self, request: dict[str, Any]) -> ModelReply:
-        response = self.client.chat.completions.create(**request)
+        response = chat_request.create(self.client, request)
         choices = getattr(response, "choices", None)
         if not choices:
             raise ModelCallError("empty_choices", "the model endpoint returned a reply with no choices")
@@ -315,7 +315,7 @@ class AIAgent:
         calls: dict[int, dict[str, Any]] = {}
         finish_reason = None
         turn = self.turn
-        for chunk in self.client.chat.completions.create(stream=True, **request):
+        for chunk in chat_request.stream(self.client, request):
             if not chunk.choices:
                 continue
             choice = chunk.choices[0]
