@@ -2,13 +2,14 @@
 
 `client.chat.completions.create` first runs the SDK's `maybe_transform` over the whole request:
 every message of the history is checked against the SDK's parameter types, which cost about 2.6 ms
-of a 3.3 ms call for a ten-message history on a 2-core machine (`python -m bench --only sdk`), in
-every worker, on the path from a kill to its resumed model request. The runtime's requests are
-already plain JSON (`sanitize_api_messages` builds them), so for a client the runtime built itself
-they go through `client.post`, the SDK's documented way to send a body as it is (its README,
-"Undocumented endpoints"): the same retries, timeouts, headers and authentication, and the same
-response types. Any other client (one a caller put in its place, or whose `create` was replaced)
-is called through `chat.completions.create`, the one interface every model client must offer.
+of a 3.3 ms call for a ten-message history on a 2-core machine (docs/performance.md), in every
+worker, on the path from a kill to its resumed model request. The runtime's requests are already
+plain JSON (`sanitize_api_messages` builds them), so for the SDK's own client, with `create` as the
+SDK defines it, they go through `client.post`, the SDK's documented way to send a body as it is
+(its README, "Undocumented endpoints"): the same retries, timeouts, headers and authentication,
+and the same response types. Any other client (a stand-in a caller put in its place, or one whose
+`create` was replaced) is called through `chat.completions.create`, the one interface every model
+client offers.
 """
 from __future__ import annotations
 
