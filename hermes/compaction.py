@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from hermes import chat_request
 from hermes.transcript import call_ids, sanitize_api_messages, trailing_tool_block
 
 if TYPE_CHECKING:
@@ -35,6 +34,10 @@ SUMMARY_PREFIX = "[Summary of the earlier conversation]\n"
 
 def _summary(agent: "AIAgent", older: list[dict[str, Any]]) -> str:
     """The model's summary of `older` ("" when it gave none); raises what the request raised."""
+    # Imported here: the supervisor and the daemon import this module for its prompt and prefix, and
+    # must not pay for the OpenAI SDK (about 1 s of CPU per process) that only a worker calls.
+    from hermes import chat_request
+
     response = chat_request.create(agent.client, {
         "model": agent.model,
         "messages": sanitize_api_messages(older) + [{"role": "user", "content": SUMMARY_PROMPT}]})

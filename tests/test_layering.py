@@ -142,6 +142,16 @@ def test_a_daemon_process_loads_no_model_server_and_no_harness_until_asked() -> 
                 "supervisor.chaos.checker"} & loaded, loaded
 
 
+def test_the_supervisor_never_loads_the_model_sdk() -> None:
+    """Only a worker calls a model: a campaign's or a daemon's own process that imported the OpenAI
+    SDK would pay about a second of CPU for nothing, once per campaign and per command."""
+    code = ("import sys, supervisor.cli, supervisor.chaos.campaign, supervisor.chaos.checker, "
+            "supervisor.chaos.scenarios, supervisor.daemon.service, supervisor.daemon.events; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'openai')[:5])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module, or a module importing itself (Tarjan)."""
     index: dict[str, int] = {}
