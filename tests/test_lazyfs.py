@@ -346,6 +346,18 @@ def test_d_a_rename_carries_pending_writes_and_a_clean_unmount_makes_every_chang
     assert (mount.backing / "renamed").read_bytes() == b"NEW"
 
 
+def test_d_a_file_that_cannot_be_written_back_costs_the_others_nothing_at_unmount(mount: Mount) -> None:
+    first = mount.durable("first", b"old")
+    second = mount.durable("second", b"old")
+    pwrite(first, b"NEW", 0)
+    pwrite(second, b"NEW", 0)
+    (mount.backing / "first").unlink()  # behind the mount's back: its pending writes have nowhere to go
+
+    mount.fs.unmount()
+
+    assert (mount.backing / "second").read_bytes() == b"NEW"
+
+
 def _name_changes_and_writes(mount: Mount) -> None:
     """Five entry changes and three writes, interleaved, none of them synced."""
     for name in ("a", "b", "c"):

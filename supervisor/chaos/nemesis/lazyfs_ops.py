@@ -31,6 +31,7 @@ import errno
 import functools
 import os
 import stat
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -276,7 +277,10 @@ class LazyOps:
         with self._lock:
             for pending in self._pending.values():
                 if pending.path is not None and pending.ops and not under(pending.path, GRAVE):
-                    sync_file(self._real(pending.path), pending.ops)
+                    try:
+                        sync_file(self._real(pending.path), pending.ops)
+                    except OSError as exc:  # one file that cannot be written back must not cost the others theirs
+                        print(f"lazyfs: unmount could not write back {pending.path}: {exc}", file=sys.stderr, flush=True)
             self._pending.clear()
             self._names.sync_all()
 
