@@ -44,6 +44,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     pytest.skip(why)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked `chaos` first, each group in its collected order. They are the long ones
+    (real processes killed and restarted): started first, they spread over the xdist workers, and
+    the many short in-process tests fill the gaps they leave instead of a long test starting last
+    and running alone. The order is the same in every worker, as xdist requires."""
+    items.sort(key=lambda item: item.get_closest_marker("chaos") is None)
+
+
 @pytest.fixture(autouse=True)
 def _loopback_traffic_bypasses_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
