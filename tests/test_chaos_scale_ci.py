@@ -214,18 +214,14 @@ def test_pytest_runs_each_planned_case_as_an_item_over_xdist_workers(tmp_path: P
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
 def test_a_fault_that_never_landed_fails_the_session_though_every_case_passed(tmp_path: Path) -> None:
-    """single-tool's requests draw http500 and truncate from the model, never http429: every item
-    passes, and the session fails naming the fault that tested nothing. With streamed-answer's
-    requests beside them, http500 and truncate both land and the session passes."""
+    """single-tool's requests draw http500 and truncate from the model, never http429; its cases
+    spread over two xdist workers. Every item passes, and the session fails naming http429 alone:
+    the controller adds up what every worker's cases landed, and names no fault that landed."""
     args = "--scenario single-tool --probe flush.committed --faults http500,http429,truncate"
     done = pytest_run(tmp_path, "--hermes-chaos", args, "-n", "2")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert "failed" not in done.stdout.splitlines()[-1], done.stdout[-1000:]
-    assert "faults asked for that never landed: http429" in done.stdout
-    both = "--scenario single-tool --scenario streamed-answer --probe flush.committed --faults http500,truncate"
-    landed = pytest_run(tmp_path, "--hermes-chaos", both, "-n", "2")
-    assert landed.returncode == 0, landed.stdout[-3000:] + landed.stderr[-3000:]
-    assert "never landed" not in landed.stdout
+    assert "faults asked for that never landed: http429 (" in done.stdout, done.stdout[-1000:]
 
 
 @pytest.mark.chaos

@@ -192,7 +192,18 @@ SAMPLE = [
     # A call a Ctrl-C cut off before its tool started, its intent committed, is answered "cancelled":
     # the transcript says it never ran when it may have. Only the interrupt group reaches it.
     ("hermes/outcomes.py", "core/AddNot", "if dispatched:", "single-tool/interrupt:self@tool.dispatch.before:1@t0p0"),
+    # The streamed answer's row is looked for at the transcript's start instead of its end: in a first
+    # turn that is the same row, so only a conversation streaming a later turn's answer (drawn: the
+    # generated group) shows the commit differing from what was streamed.
+    ("hermes/finalizer.py", "core/ReplaceUnaryOperator_Delete_USub", "last = messages[-1] if messages else None",
+     "gen-42c445fe8f2d/fault-free"),
 ]
+
+
+def _group_of(case_id: str) -> str:
+    if case_id.startswith("gen-"):
+        return "generated"
+    return "interrupt" if "/interrupt:" in case_id else "sqlite"
 
 
 @pytest.mark.parametrize("module,operator,line,case_id", SAMPLE, ids=[s[0] for s in SAMPLE])
@@ -209,8 +220,7 @@ def test_the_campaign_oracle_kills_the_sample_mutant(tmp_path: Path, module: str
     _, mutated = apply_mutation(copy / module, get_operator(operator)(), mutant.occurrence)
     assert mutated is not None
     # A case map holding just the sample's case, for that line: the oracle's own path from there.
-    group = "interrupt" if "/interrupt:" in case_id else "sqlite"
-    the_map = {"groups": {group: {"cases": [case_id], "case_seconds": [1.0],
+    the_map = {"groups": {_group_of(case_id): {"cases": [case_id], "case_seconds": [1.0],
                                   "lines": {module: {str(mutant.line): [0]}}}}}
     verdict = oracle.judge(REPO, copy, the_map, budget=120)
     assert verdict["outcome"] == "killed", verdict
