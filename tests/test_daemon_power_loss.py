@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import psutil
 import pytest
 from fuseutil import lazy_mount, require_fuse
 
@@ -80,6 +81,21 @@ def lost_or_changed(received: dict[int, Key], found: list[Key]) -> list[str]:
         elif by_id[event_id] != event:
             problems.append(f"event {event_id} changed: received {event[1:]}, now {by_id[event_id][1:]}")
     return problems
+
+
+def all_gone(pid: int, created: float) -> bool:
+    """Whether the recorded process is gone with all its threads. A killed process's first thread
+    shows as a zombie while the others may still be on their way out, holding its open files (and
+    with them the mount, which a clean unmount then finds busy)."""
+    if inbox.process_alive(pid, created):
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() != psutil.STATUS_ZOMBIE or round(abs(proc.create_time() - created)) > 1:
+            return True  # reaped, and the pid is another process's now
+        return proc.num_threads() <= 1
+    except psutil.Error:  # reaped
+        return True
 
 
 @dataclass(frozen=True)
@@ -170,9 +186,8 @@ class PowerRig:
                 except OSError:
                     pass
         daemon.kill()  # the daemon's own group, reaped
-        wait_for("every process the daemon started to be gone",
-                 lambda: not [pid for pid, created in stopped.items() if inbox.process_alive(pid, created)],
-                 timeout=10)
+        wait_for("every process the daemon started to be gone, every thread of it",
+                 lambda: not [pid for pid, created in stopped.items() if not all_gone(pid, created)], timeout=10)
         self.daemon = None
 
     # ------------------------------------------------------------ the file system
