@@ -201,9 +201,14 @@ SAMPLE = [
 
 
 def _group_of(case_id: str) -> str:
-    if case_id.startswith("gen-"):
+    """The oracle group whose campaign plans `case_id`."""
+    from supervisor.chaos.conversation import is_generated
+    from supervisor.chaos.generator import Case
+
+    case = Case.parse(case_id)
+    if is_generated(case.scenario):
         return "generated"
-    return "interrupt" if "/interrupt:" in case_id else "sqlite"
+    return "interrupt" if case.fault is not None and case.fault.kind == "interrupt" else "sqlite"
 
 
 @pytest.mark.parametrize("module,operator,line,case_id", SAMPLE, ids=[s[0] for s in SAMPLE])
