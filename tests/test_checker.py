@@ -594,6 +594,60 @@ def test_outcome_honesty_leaves_a_completion_lost_to_a_normal_power_cut_to_that_
             "outcome-honesty")
 
 
+def _trajectory(path: Path, *lines: dict[str, Any] | str) -> Path:
+    """A trajectory log of these lines (a str is written as it is: a torn line)."""
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def _logged(turn: str, question: Any, answer: str, **fields: Any) -> dict[str, Any]:
+    return {"session": SID, "turn": turn, "user": question, "completed": True,
+            "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}], **fields}
+
+
+def test_outcome_honesty_holds_a_trajectory_log_true_of_the_store_and_skips_torn_lines(
+        scenario: Scenario, tmp_path: Path) -> None:
+    build_clean(scenario)
+    log = _trajectory(tmp_path / "trajectories.jsonl", _logged("t1", "look k up and note it", "Noted."),
+                      '{"session": "' + SID + '", "turn": "t2", "us', _logged("t2", "thanks", "You are welcome."))
+    verdict = outcome_honesty(scenario.db_path, [], log)
+    holds(verdict)
+    assert verdict.counts["trajectories"] == 2
+    holds(outcome_honesty(scenario.db_path, [], tmp_path / "never-written.jsonl"))  # a log may be missing
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    (_logged("t2", "look k up and note it", "You are welcome."), "a question that is not turn t2's"),
+    (_logged("t2", "thanks", "Noted."), "not its durable answer"),
+    (_logged("t2", "thanks", "You are welcome.", completed=False), "as not completed"),
+    (_logged("t2", "thanks", "You are welcome.", session="another"), "in session 'another'"),
+    (_logged("t3", "thanks", "You are welcome."), "records turn t3 finished; durably it is absent"),
+], ids=["question", "answer", "completed", "session", "turn"])
+def test_outcome_honesty_fails_on_a_trajectory_line_the_store_does_not_hold(
+        scenario: Scenario, tmp_path: Path, line: dict[str, Any], says: str) -> None:
+    build_clean(scenario)
+    log = _trajectory(tmp_path / "trajectories.jsonl", _logged("t1", "look k up and note it", "Noted."), line)
+    violation = failing(outcome_honesty(scenario.db_path, [], log), "outcome-honesty")
+    assert says in violation.message and violation.witness["line"] == 2
+
+
+def test_outcome_honesty_leaves_a_logged_turn_a_normal_power_cut_reopened_to_that_invariant(
+        scenario: Scenario, tmp_path: Path) -> None:
+    scenario.user("t1", "go")  # the cut took the turn's last commits
+    log = _trajectory(tmp_path / "trajectories.jsonl", _logged("t1", "go", "Gone."))
+    cut = {"case": "c", "type": "power_cut", "synchronous": "NORMAL"}
+    holds(outcome_honesty(scenario.db_path, [cut], log))
+    assert "durably it is running" in failing(outcome_honesty(scenario.db_path, [{**cut, "synchronous": "FULL"}], log),
+                                              "outcome-honesty").message
+
+
+def test_outcome_honesty_is_unknown_when_the_trajectory_log_cannot_be_read(scenario: Scenario, tmp_path: Path) -> None:
+    build_clean(scenario)
+    (tmp_path / "trajectories.jsonl").mkdir()  # not a file: reading it fails
+    verdict = outcome_honesty(scenario.db_path, [], tmp_path / "trajectories.jsonl")
+    assert verdict.valid == "unknown" and "cannot read the trajectory log" in verdict.message
+
+
 # ================================================================ fails-closed
 def _storage_round(*, outcome: dict[str, Any] | None, returncode: int | None = 1, shown: bool = False,
                    rows_after: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -193,6 +193,11 @@ DEFECT_CASES = [
         # failed, with no reason: the store is right, the caller is told otherwise.
         "outcome_misreported", "outcome-misreported", BEFORE_LOOKUP,
         frozenset({"outcome-honesty"}), at=None)),
+    _case("resume-forgets-question", Defect(
+        # Killed before its lookup ran, the turn is resumed with an empty question: its rows and
+        # answer are right, the trajectory log says it answered "".
+        "resume_forgets_question", "resume-forgets-question", BEFORE_LOOKUP,
+        frozenset({"outcome-honesty"}), at="tool.dispatch.before:1")),
     _case("interrupt-after-commit", Defect(
         # A Ctrl-C between the tool result's COMMIT and the note that it committed: the executor's
         # interrupt flush writes the result again. Only an interrupt (never a kill) can show it.

@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--home", type=Path, default=None, metavar="DIR",
                          help="where the agent keeps its files, tool results too big for the transcript among "
                               "them (default: $HERMES_HOME, else ~/.hermes)")
+        sub.add_argument("--save-trajectories", action="store_true",
+                         help="append each turn it finishes to trajectories.jsonl in the agent's home")
         sub.add_argument("--busy-budget", type=float, default=10.0, metavar="SECONDS")
         sub.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="model request timeout")
         sub.add_argument("--max-retries", type=int, default=2)

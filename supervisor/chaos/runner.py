@@ -27,6 +27,7 @@ from supervisor.chaos.checker import Durable, check_case
 from supervisor.chaos.checker.deaths import NEMESIS, count_deaths, death_causes
 from supervisor.chaos.checker.files import list_modes
 from supervisor.chaos.checker.kills import planned_kills
+from supervisor.chaos.checker.trajectories import TRAJECTORIES
 from supervisor.chaos.conversation import is_generated, scenario_named
 from supervisor.chaos.generator import Case, case_file_stem
 from supervisor.chaos.history import CaseHistory, HistoryWriter, snapshot_and_ask, summarize_rows
@@ -229,8 +230,8 @@ class CaseRunner:
             args += ["--synchronous", self.config.synchronous]
         if self.target.name != registry.DEFAULT:
             args += ["--target", self.target.name]
-        else:  # the agent's own files (spilled results) live with the case's state, on its disk
-            args += ["--home", str(db.parent / AGENT_HOME)]
+        else:  # the agent's own files (spilled results, its trajectory log) live with the case's state, on its disk
+            args += ["--home", str(db.parent / AGENT_HOME), "--save-trajectories"]
         return args + as_worker_args(dict(self.config.target_options))
 
     def spawn(self, command: str, turn_index: int, process: int, fault: Fault | None,
@@ -463,8 +464,9 @@ class CaseRunner:
         final = seen[1] if seen is not None and not self._running and seen[0] == self._incarnations else self.db
         if self.pg is not None:  # the server's state now, imaged where a SQLite case keeps its file
             final = self.pg.image_to(self.db, durable=True)
+        trajectories = self.db.parent / AGENT_HOME / TRAJECTORIES if self.target.name == registry.DEFAULT else None
         verdict = check_case(final, self.ledger, events, self.scenario.expectation(), planned=self.case.fault,
-                             promises=promises)
+                             promises=promises, trajectories=trajectories)
         self.observer.close()
         trace = [(*self._where[e["incarnation"]], e["name"], e["n"]) for e in events
                  if e["type"] == "probe" and self._where[e["incarnation"]][1] >= 0]

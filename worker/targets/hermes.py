@@ -192,6 +192,7 @@ def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink |
     agent._session_db_created = True
     if args.home is not None:
         agent.hermes_home = args.home
+    agent.save_trajectories = bool(getattr(args, "save_trajectories", False))
     agent_ref.append(agent)
     return agent
 

@@ -98,9 +98,10 @@ __all__ = [
 
 def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[dict[str, Any]],
                expect: Expectation | None = None, planned: Fault | None = None,
-               promises: Promises = FULL_PROMISES) -> Verdict:
+               promises: Promises = FULL_PROMISES, trajectories: Path | None = None) -> Verdict:
     """Every invariant, in INVARIANTS order, on one finished case; composed as "case". `db_path`
-    may be its final durable state already read (`load_durable`)."""
+    may be its final durable state already read (`load_durable`); `trajectories`: the runtime's
+    trajectory log, when it kept one (checker.trajectories)."""
     d = as_durable(db_path)  # read once: every invariant judges the same final state
     executions = load_executions(ledger_path)  # and the ledger once: its executions,
     ledger = executions if not isinstance(executions, str) else ledger_path
@@ -119,7 +120,7 @@ def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[d
         result_fidelity(d, events, expect, own=own),
         stream_honesty(events, promises),
         turn_liveness(d, events, expect),
-        outcome_honesty(d, events),
+        outcome_honesty(d, events, trajectories),
         answer_once(d),
         sanitize_pure(d, events),
         fails_closed(events),

@@ -7,20 +7,24 @@ tested nothing, and is "unknown", never a pass.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any, Sequence
 
 from supervisor.chaos.checker.deaths import count_deaths
 from supervisor.chaos.checker.evidence import DB, as_durable, of_type, turn_brief, unreadable
 from supervisor.chaos.checker.kills import planned_kills
+from supervisor.chaos.checker.trajectories import read_trajectories, trajectory_violations
 from supervisor.chaos.checker.verdict import (
     COVERAGE,
     FAILS_CLOSED,
     OUTCOME_HONESTY,
     TURN_LIVENESS,
     UNFIRED,
+    UNDETERMINED,
     UNKNOWN,
     Verdict,
     Violation,
+    unknown_verdict,
     verdict_of,
 )
 from supervisor.chaos.nemesis import Fault
@@ -65,18 +69,23 @@ def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation 
                        "resumes": len(resumes), "max_resumes_per_turn": max(per_turn.values(), default=0)})
 
 
-def outcome_honesty(db: DB, events: Sequence[dict[str, Any]]) -> Verdict:
+def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path | None = None) -> Verdict:
     """What a worker reports of a turn (its `outcome`, the result its caller gets) is true of the
     durable state: a turn reported completed is durably 'done' once the case is over, and a turn
     reported failed says why (`failure_reason`). A caller told "failed" of a turn that was answered,
     or "completed" of one that never durably ended, acts on a lie the transcript itself does not
     show; turn-liveness and answer-once judge only the store. A completion followed by a power cut
     at a level that documents losing the last commits (synchronous=NORMAL) is not held to it: that
-    loss is power-cut-durability's to report.
+    loss is power-cut-durability's to report. `trajectories`: the runtime's trajectory log, another
+    report of each finished turn, held to the store the same way (checker.trajectories).
     """
     d = as_durable(db)
     if d.error:
         return unreadable(OUTCOME_HONESTY, d)
+    try:
+        logged = read_trajectories(trajectories) if trajectories is not None else []
+    except OSError as exc:
+        return unknown_verdict(OUTCOME_HONESTY, f"cannot read the trajectory log {trajectories}: {exc}", UNDETERMINED)
     states = {t["id"]: t for t in d.turns}
     violations = []
     reported = 0
@@ -100,7 +109,8 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]]) -> Verdict:
             state = "absent" if turn is None else turn["state"]
             violations.append(Violation(OUTCOME_HONESTY, f"a worker reported turn {turn_id} completed; durably it "
                                                          f"is {state}", {**where, "turn": turn and turn_brief(turn)}))
-    return verdict_of(OUTCOME_HONESTY, violations, {"outcomes": reported})
+    violations += trajectory_violations(d, logged, lossy=bool(lossy_cuts))
+    return verdict_of(OUTCOME_HONESTY, violations, {"outcomes": reported, "trajectories": len(logged)})
 
 
 def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
