@@ -115,13 +115,9 @@ def _tool_results(db: Path) -> int:
 
 
 def _executions(ledger: Path) -> int:
-    from worker.ledger import Ledger
+    from worker.ledger_reader import read_executions
 
-    handle = Ledger(ledger, readonly=True)
-    try:
-        return sum(1 for e in handle.executions() if e["tool"] == SIDE_EFFECT)
-    finally:
-        handle.close()
+    return sum(1 for e in read_executions(ledger) if e["tool"] == SIDE_EFFECT)
 
 
 def one_run(directory: Path, url: str, model: str, message: str, at: str, order: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from hermes.outcomes import UNKNOWN_OUTCOME
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, ToolContext, ToolRegistry
 from supervisor.chaos.checker import KEYED_WRITES, NO_LEDGER, UNKNOWN, effect_semantics, result_fidelity
 from worker import chaos_tools
+from worker.ledger_reader import LedgerReader
 
 SET = call("c-set", "set_value", '{"key": "flag", "value": "on"}')
 NOTE = call("c-note", "append_note", '{"text": "remember the flag"}')
@@ -213,4 +214,5 @@ def test_keyed_writes_are_the_chaos_tools_that_apply_a_write(scenario: Scenario,
             tool.handler(dict(arguments), context)
         except RuntimeError:  # broken_tool
             pass
-    assert {w["idempotency_key"].removeprefix("key-") for w in scenario.ledger.applied()} == KEYED_WRITES
+    with LedgerReader(scenario.ledger_path) as ledger:
+        assert {w["idempotency_key"].removeprefix("key-") for w in ledger.applied()} == KEYED_WRITES

@@ -18,6 +18,7 @@ from test_checker import SID, Scenario, call, failing, holds
 from hermes.tools import AT_MOST_ONCE, IDEMPOTENT
 from supervisor.chaos.checker import effect_semantics
 from worker.ledger import Ledger
+from worker.ledger_reader import read_executions
 
 NOTE = call("c-first", "append_note", '{"text": "remember"}')
 NOTE_AGAIN = call("c-second", "append_note", '{"text": "remember"}')  # the same call, a new reply's id
@@ -149,7 +150,7 @@ def test_a_ledger_made_before_arguments_gains_the_column(tmp_path: Path) -> None
     try:
         ledger.record_execution(session_id="s", turn_id="t", tool_call_id="c", tool="lookup", policy="idempotent",
                                 idempotency_key=None, arguments={"key": "b", "a": 1})
-        old, new = ledger.executions()
+        old, new = read_executions(ledger.path)
     finally:
         ledger.close()
     assert old["arguments"] is None

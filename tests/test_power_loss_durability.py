@@ -28,6 +28,7 @@ from supervisor.daemon.cancels import CancelRequests
 from supervisor.daemon.http import load_token
 from supervisor.daemon.inbox import read_status, write_status
 from worker.ledger import Ledger
+from worker.ledger_reader import read_executions
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 
@@ -116,11 +117,8 @@ def test_a_ledger_commit_survives(mount: Mount) -> None:
 
     mount.power_cut(ledger)
 
-    after = Ledger(mount.mnt / "state.db.effects", readonly=True)
-    try:
-        assert [(e["tool_call_id"], e["idempotency_key"]) for e in after.executions()] == [("c1", "k1")]
-    finally:
-        after.close()
+    after = read_executions(mount.mnt / "state.db.effects")
+    assert [(e["tool_call_id"], e["idempotency_key"]) for e in after] == [("c1", "k1")]
 
 
 # -- files replaced by a rename ---------------------------------------------------------------

@@ -43,7 +43,7 @@ from hermes.state import SessionDB
 from hermes.tools import AT_MOST_ONCE
 from supervisor.chaos.checker import check_structure, effect_semantics
 from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, last_user_text, reply_index
-from worker.ledger import Ledger
+from worker.ledger_reader import read_executions
 
 pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 
@@ -191,11 +191,7 @@ class KillSchedule(RuleBasedStateMachine):
     def effects_match_the_ledger(self) -> None:
         if not (self.db.exists() and self.ledger.exists()):
             return
-        ledger = Ledger(self.ledger, readonly=True)
-        try:
-            executions = ledger.executions(SESSION)
-        finally:
-            ledger.close()
+        executions = read_executions(self.ledger, SESSION)
         per_call = Counter((e["turn_id"], e["tool_call_id"]) for e in executions if e["policy"] == AT_MOST_ONCE)
         twice = {f"{turn}/{call}": n for (turn, call), n in per_call.items() if n > 1}
         assert twice == {}, f"at_most_once calls executed more than once (turn/call: runs): {twice}"

@@ -11,7 +11,7 @@ from pgfixtures import pg_cluster, pg_url  # noqa: F401  (pytest finds fixtures 
 from workerutil import MODEL, run_worker, worker_env
 
 from testkit.modelserver import Reply, ScriptedModelServer, ToolCallSpec, turn_script
-from worker.ledger import Ledger
+from worker.ledger_reader import read_executions
 
 SESSION = "s-pg"
 MESSAGE = "note it, store it, then answer"
@@ -50,11 +50,7 @@ def test_a_turn_on_postgresql_killed_at_a_point_resumes_to_its_answer(pg_url: st
     assert rows[0]["content"] == MESSAGE and rows[-1]["content"] == ANSWER
     calls = [c["id"] for c in rows[1]["tool_calls"]]
     assert sorted(r["tool_call_id"] for r in rows[2:4]) == sorted(calls)  # each call answered, once
-    ledger = Ledger(tmp_path / "effects.db", readonly=True)
-    try:
-        notes = [e for e in ledger.executions(SESSION) if e["tool"] == "append_note"]
-    finally:
-        ledger.close()
+    notes = [e for e in read_executions(tmp_path / "effects.db", SESSION) if e["tool"] == "append_note"]
     assert len(notes) <= 1, notes  # at most once, even across the kill
 
 

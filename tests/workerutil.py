@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from hermes.state import SessionDB
 from testkit.modelserver import Reply, ToolCallSpec, turn_script
-from worker.ledger import Ledger
+from worker.ledger_reader import LedgerReader
 from worker.protocol import Channel, ChannelClosed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -270,13 +270,9 @@ def read_durable(db_path: Path, session: str, ledger_path: Path | None = None) -
     applied: list[dict[str, Any]] = []
     ledger_path = ledger_path or Path(f"{db_path}.effects")
     if ledger_path.exists():
-        ledger = Ledger(ledger_path, readonly=True)
-        try:
+        with LedgerReader(ledger_path) as ledger:
             executions = ledger.executions(session)
-            cursor = ledger._conn.execute("SELECT idempotency_key, key, value FROM kv ORDER BY applied_at")
-            applied = [dict(zip(("idempotency_key", "key", "value"), row)) for row in cursor.fetchall()]
-        finally:
-            ledger.close()
+            applied = [{k: row[k] for k in ("idempotency_key", "key", "value")} for row in ledger.applied()]
     return Durable(rows, turns, dispatches, executions, applied)
 
 

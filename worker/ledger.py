@@ -13,6 +13,8 @@ tools on a pool), and several worker processes may write one ledger file at once
 paused worker and its replacement). So every use of the connection is serialised by a
 lock, and a write that finds another process holding the file's write lock is retried
 on a time budget rather than lost.
+
+A judge reads the ledger through worker.ledger_reader, from a snapshot copy, never through a writer.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from hermes.private_files import create_private_file
-from hermes.state import open_snapshot, retry_on_busy
+from hermes.state import retry_on_busy
 
 _T = TypeVar("_T")
 
@@ -79,20 +81,15 @@ def quiescent() -> Iterator[None]:
 
 
 class Ledger:
-    def __init__(self, path: Path | str, *, incarnation: int = 0, readonly: bool = False,
+    """The writing side, one per worker process (its judge reads through worker.ledger_reader)."""
+
+    def __init__(self, path: Path | str, *, incarnation: int = 0,
                  busy_budget_s: float = DEFAULT_BUSY_BUDGET_S) -> None:
         self.path = Path(path)
         self.incarnation = incarnation
-        self.readonly = readonly
         self.busy_budget_s = busy_budget_s
         # Reentrant so a write's retry loop and the schema check inside __init__ can nest.
         self._lock = threading.RLock()
-        if readonly:
-            # A checker must never change the evidence it judges: no file is created, and the
-            # original is never opened read-write (not even to recover a killed writer's WAL).
-            # A missing or unreadable file raises a sqlite3.DatabaseError (ReadOnlyOpenError).
-            self._conn = open_snapshot(self.path)
-            return
         _writers.add(self)
         create_private_file(self.path)  # its directory is fsynced too: a power cut keeps the name
         # SQLite's own busy handler waits only briefly; the retry loop below owns the budget, so
@@ -118,9 +115,6 @@ class Ledger:
 
     def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run `fn` in one BEGIN IMMEDIATE transaction, committed before returning."""
-        if self.readonly:
-            raise sqlite3.OperationalError("attempt to write a readonly database (this ledger was opened read-only)")
-
         def attempt() -> _T:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
@@ -155,30 +149,6 @@ class Ledger:
         return bool(self._write(lambda c: c.execute(
             "INSERT OR IGNORE INTO kv (idempotency_key, key, value, applied_at) VALUES (?, ?, ?, ?)",
             (idempotency_key, key, value, time.time())).rowcount))
-
-    def executions(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        sql, params = "SELECT * FROM executions", ()
-        if session_id is not None:
-            sql, params = sql + " WHERE session_id = ?", (session_id,)
-
-        def read() -> list[dict[str, Any]]:
-            cursor = self._conn.execute(sql + " ORDER BY id", params)
-            names = [d[0] for d in cursor.description]
-            return [dict(zip(names, row)) for row in cursor.fetchall()]
-
-        return self._retry_busy(read)
-
-    def applied(self) -> list[dict[str, Any]]:
-        """Every applied keyed write (table `kv`), in the order applied. A ledger made before
-        that table existed raises sqlite3.OperationalError ("no such table"): the caller must
-        not read that as "nothing was applied"."""
-        def read() -> list[dict[str, Any]]:
-            cursor = self._conn.execute("SELECT idempotency_key, key, value, applied_at FROM kv "
-                                        "ORDER BY applied_at, rowid")
-            names = [d[0] for d in cursor.description]
-            return [dict(zip(names, row)) for row in cursor.fetchall()]
-
-        return self._retry_busy(read)
 
     def close(self) -> None:
         with self._lock:

@@ -11,7 +11,7 @@ from hermes.transcript import is_final_answer
 from supervisor.chaos.checker.verdict import UNREADABLE, Verdict, unknown_verdict
 from supervisor.chaos.durable import Durable, load_durable
 from supervisor.chaos.history import canonical_json
-from worker.ledger import Ledger
+from worker.ledger_reader import LedgerReader
 
 # How much of a row's text a witness quotes: enough to recognise it in a report.
 QUOTE = 200
@@ -28,14 +28,14 @@ def unreadable(name: str, d: Durable) -> Verdict:
 
 
 def _read_ledger(ledger: Path | str, what: str,
-                 read: Callable[[Ledger], list[dict[str, Any]]]) -> list[dict[str, Any]] | str:
+                 read: Callable[[LedgerReader], list[dict[str, Any]]]) -> list[dict[str, Any]] | str:
     """`read` on a private copy of the ledger file (the original is never opened read-write),
     or a string saying why `what` cannot be read."""
     path = Path(ledger)
     if not path.exists():
         return f"no effects ledger at {path}"
     try:
-        handle = Ledger(path, readonly=True)
+        handle = LedgerReader(path)
     except sqlite3.DatabaseError as exc:
         return f"cannot open effects ledger {path}: {exc}"
     try:
@@ -53,7 +53,7 @@ def ledger_records(ledger: Path) -> dict[str, str | None] | str:
     if not Path(ledger).exists():
         return {}
 
-    def read(handle: Ledger) -> list[dict[str, Any]]:
+    def read(handle: LedgerReader) -> list[dict[str, Any]]:
         executions = handle.executions()
         calls = {row["idempotency_key"]: row["tool_call_id"] for row in executions if row["idempotency_key"]}
         return [*({"key": f"execution {row['id']}", "call": row["tool_call_id"]} for row in executions),
