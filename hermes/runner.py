@@ -58,6 +58,7 @@ from hermes.transcript import (
     public_copy,
     sanitize_api_messages,
     scrub_content,
+    turn_unique_calls,
 )
 from hermes.turn import PERSISTENCE_FAILED, Turn
 
@@ -418,13 +419,14 @@ class AIAgent:
                         api_call_count: int) -> bool:
         """Commit the reply's tool-call block, show its text, run its calls. False: the turn ended closed."""
         turn = self.turn
-        block = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls, "_turn_id": turn.id}
+        calls = turn_unique_calls(reply.tool_calls, messages, turn.id)
+        block = {"role": "assistant", "content": reply.content, "tool_calls": calls, "_turn_id": turn.id}
         messages.append(block)
         if not turn.flush(messages):
             turn.end_stream("retract")
             return False
         turn.end_stream("commit", block["content"])
         turn.show_interim(reply.content, already_streamed=reply.streamed)
-        self._execute_tool_calls(SimpleNamespace(content=reply.content, tool_calls=reply.tool_calls),
+        self._execute_tool_calls(SimpleNamespace(content=reply.content, tool_calls=calls),
                                  messages, task_id, api_call_count)
         return not turn.persistence_failed

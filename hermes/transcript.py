@@ -62,6 +62,36 @@ def call_ids(message: Mapping[str, Any]) -> list[Any]:
     return [c.get("id") for c in calls if isinstance(c, dict)]
 
 
+def turn_unique_calls(calls: Sequence[dict[str, Any]], messages: Sequence[Mapping[str, Any]],
+                      turn_id: str | None) -> list[dict[str, Any]]:
+    """`calls`, a new tool-call block of turn `turn_id`, each with an id no other call of that turn
+    has (`messages`: the transcript so far, the turn's earlier blocks in it).
+
+    A call's id names it within its turn: its result row answers it by id, and its dispatch
+    intent and its idempotency key (`<session>:<turn>:<id>`) are made from it. Some providers
+    number calls per response (`lookup:0` on every round) or repeat an id within one response,
+    and two calls sharing a key would be one to an idempotent tool: the second would get the
+    first one's stored result and never apply. So an id already taken becomes `<id>#<n>`, the
+    smallest n >= 2 free, and a missing one `call#<n>`: the same calls on the same transcript
+    always get the same ids, and the model sees them, paired with their results, from then on.
+    Calls whose ids are all free come back unchanged (the same list items)."""
+    taken = {cid for m in messages if m.get("_turn_id") == turn_id
+             for cid in (call_ids(m) if m.get("role") == "assistant" else [m.get("tool_call_id")])}
+    out: list[dict[str, Any]] = []
+    for call in calls:
+        base = call.get("id") or "call"
+        cid, n = call.get("id"), 2
+        if not cid or cid in taken:
+            cid = f"{base}#{n}"
+            while cid in taken:
+                n += 1
+                cid = f"{base}#{n}"
+            call = {**call, "id": cid}
+        taken.add(cid)
+        out.append(call)
+    return out
+
+
 def trailing_tool_block(messages: Sequence[Mapping[str, Any]]) -> tuple[Any, set[Any]]:
     """The transcript's trailing tool block: (its assistant message, ids of the calls answered since).
 

@@ -519,7 +519,7 @@ class ScriptedModelServer:
         repeat = self._repeat(prefix, user_text, idx) if reply.tool_calls else 0
         calls = [
             {
-                "id": tool_call_id(prefix, user_text, idx, pos, repeat),
+                "id": spec.id or tool_call_id(prefix, user_text, idx, pos, repeat),
                 "type": "function",
                 "function": {"name": spec.name, "arguments": spec.arguments_json()},
             }

@@ -30,6 +30,9 @@ class ToolCallSpec:
     name: str
     # A str is sent verbatim so a script can deliberately send malformed arguments.
     arguments: dict | str
+    # The call's id as this reply gives it, for a provider that names its calls itself (some
+    # number them per response, `lookup:0`, and so reuse ids); None: the server makes one up.
+    id: str | None = None
 
     def arguments_json(self) -> str:
         if isinstance(self.arguments, str):
