@@ -19,13 +19,14 @@ from typing import Any
 # Ctrl-C at every point (the code that answers an interrupted batch runs only then), drawn
 # conversations (what no fixed scenario does: a streamed answer in a later turn, an empty streamed
 # answer, compaction, a result spilled to a file, call ids across turns; seed and count fixed, so
-# that a case id names the same conversation in every run), power cuts (the code only a lost
-# unsynced write exercises) and the PostgreSQL engine.
+# that a case id names the same conversation in every run) from a model that numbers its calls per
+# response, so ids repeat across rounds and turns, power cuts (the code only a lost unsynced write
+# exercises) and the PostgreSQL engine.
 GROUPS: dict[str, dict[str, Any]] = {
     "sqlite": {"mode": "exhaustive"},
     "pause": {"mode": "pause"},
     "interrupt": {"mode": "interrupt"},
-    "generated": {"mode": "generated", "seed": 1, "runs": 40},
+    "generated": {"mode": "generated", "seed": 1, "runs": 40, "call_ids": "numbered"},
     "power-loss": {"mode": "exhaustive", "faults": ("power-loss",)},
     "postgres": {"mode": "exhaustive", "store": "postgres"},
 }
@@ -86,7 +87,8 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
     config = CampaignConfig(scenarios=scenarios or sorted(SCENARIOS), mode=spec["mode"], jobs=jobs,
                             seed=spec.get("seed", 0), runs=spec.get("runs", CampaignConfig.runs),
                             case_ids=tuple(case_ids), faults=tuple(spec.get("faults", ())),
-                            store=spec.get("store", "sqlite"), forkserver=forkserver,
+                            store=spec.get("store", "sqlite"), call_ids=spec.get("call_ids", "fresh"),
+                            forkserver=forkserver,
                             workdir=Path(tempfile.mkdtemp(prefix="hermes-mutation-")))
     holder: dict[str, Campaign] = {}
 

@@ -92,6 +92,10 @@ def _add_chaos(commands: argparse._SubParsersAction) -> None:
     chaos.add_argument("--synchronous", type=str.upper, choices=("FULL", "NORMAL"), default="FULL",
                        help="every worker's session database at this durability level (default FULL); what a "
                             "power cut may take at NORMAL is reported apart, as that level's documented cost")
+    chaos.add_argument("--call-ids", choices=("fresh", "numbered"), default="fresh",
+                       help="how the scripted model names tool calls: fresh ids (the default), or numbered "
+                            "per response, <tool>:<position>, as some providers do, so that the rounds of a "
+                            "turn repeat them")
     chaos.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
                        help="where the workers keep their sessions: sqlite (a file per case, the default) or "
                             "postgres (our runtime only: a database per case on a private PostgreSQL server the "
@@ -292,7 +296,7 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
                             forkserver=not args.no_forkserver, faults=args.faults,
                             case_files=args.report / "cases" if args.report else None, target=args.target,
                             target_options=tuple(sorted(options.items())), synchronous=args.synchronous,
-                            store=args.store, tools=args.tools)
+                            store=args.store, tools=args.tools, call_ids=args.call_ids)
     _check_runnable(config, args.workdir)
     if args.report is not None:
         make_private_dirs(args.report)

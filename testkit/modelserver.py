@@ -5,7 +5,9 @@ this server instead of a real model. It answers with a `testkit.script.Script`: 
 reply's text and calls are a pure function of the request's ``messages``, so a client that
 crashes and re-sends the same conversation receives the same continuation. Its tool-call ids
 are fresh per request, as a real model's are: a re-sent request gets the same calls under new
-ids (a server or script that says ``call_ids = "fixed"`` repeats them instead). Transport
+ids (a server or script that says ``call_ids = "fixed"`` repeats them instead; one started
+with ``call_ids="numbered"`` names each response's calls ``<tool>:<position>``, as some providers
+do, so ids repeat across the rounds of a turn). Transport
 faults (HTTP errors, truncated bodies, stalls, garbage) can be injected per reply and are
 served a fixed number of times per exact request before the good reply comes through.
 """
@@ -40,9 +42,11 @@ from testkit.script import (
 
 # The script's vocabulary comes with the server, so a test needs one import for both.
 __all__ = [
+    "CALL_ID_STYLES",
     "FAULTS",
     "FIXED_IDS",
     "FRESH_IDS",
+    "NUMBERED_IDS",
     "Reply",
     "Script",
     "ScriptedModelServer",
@@ -57,6 +61,8 @@ __all__ = [
 
 FRESH_IDS = "fresh"
 FIXED_IDS = "fixed"
+NUMBERED_IDS = "numbered"  # `<tool>:<position>` in every response: ids repeat from round to round
+CALL_ID_STYLES = (FRESH_IDS, FIXED_IDS, NUMBERED_IDS)
 # Turn positions whose answer count a server keeps (each a few hundred bytes).
 _ANSWERED_KEPT = 100_000
 
@@ -375,16 +381,17 @@ class ScriptedModelServer:
     ) -> None:
         """`request_log`: how many of the latest requests `requests` keeps (None: all of them,
         as tests want; a campaign or a daemon keeps a few, so its memory stays flat).
-        `call_ids`: "fresh" (each request's calls get ids no earlier request got) or "fixed"
-        (a re-sent request gets the same ids); by default the script's own `call_ids`
-        attribute, else "fresh"."""
+        `call_ids`: "fresh" (each request's calls get ids no earlier request got), "fixed"
+        (a re-sent request gets the same ids) or "numbered" (`<tool>:<position>` in every
+        response); by default the script's own `call_ids` attribute, else "fresh". A call the
+        script names itself (`ToolCallSpec.id`) keeps its name in every style."""
         if chunk_chars < 1:
             raise ValueError("chunk_chars must be >= 1")
         if request_log is not None and request_log < 0:
             raise ValueError("request_log must be >= 0")
         call_ids = call_ids or getattr(script, "call_ids", None) or FRESH_IDS
-        if call_ids not in (FRESH_IDS, FIXED_IDS):
-            raise ValueError(f"call_ids must be {FRESH_IDS!r} or {FIXED_IDS!r}, not {call_ids!r}")
+        if call_ids not in CALL_ID_STYLES:
+            raise ValueError(f"call_ids must be one of {', '.join(CALL_ID_STYLES)}, not {call_ids!r}")
         self.call_ids = call_ids
         # How often each turn position was answered with calls: the n-th answer's ids mix in n,
         # so the first answer's ids are the fixed ones and each repeat's are new. Bounded (oldest
@@ -501,7 +508,7 @@ class ScriptedModelServer:
 
     def _repeat(self, prefix: str, user_text: str | None, idx: int) -> int:
         """How many times this turn position was answered before (always 0 with fixed ids)."""
-        if self.call_ids == FIXED_IDS:
+        if self.call_ids != FRESH_IDS:
             return 0
         where = (prefix, user_text, idx)
         with self._lock:
@@ -519,7 +526,8 @@ class ScriptedModelServer:
         repeat = self._repeat(prefix, user_text, idx) if reply.tool_calls else 0
         calls = [
             {
-                "id": spec.id or tool_call_id(prefix, user_text, idx, pos, repeat),
+                "id": spec.id or (f"{spec.name}:{pos}" if self.call_ids == NUMBERED_IDS
+                                  else tool_call_id(prefix, user_text, idx, pos, repeat)),
                 "type": "function",
                 "function": {"name": spec.name, "arguments": spec.arguments_json()},
             }

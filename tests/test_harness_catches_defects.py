@@ -198,6 +198,12 @@ DEFECT_CASES = [
         # answer are right, the trajectory log says it answered "".
         "resume_forgets_question", "resume-forgets-question", BEFORE_LOOKUP,
         frozenset({"outcome-honesty"}), at="tool.dispatch.before:1")),
+    _case("call-ids-taken-twice", Defect(
+        # The model numbers its calls per response, so a drawn conversation's second round asks for
+        # `lookup:0` again: kept, the id answers two calls and keys two executions as one call.
+        "call_ids_taken_twice", "call-ids-taken-twice",
+        ("--call-ids", "numbered", "--mode", "generated", "--seed", "1", "--runs", "2"),
+        frozenset({"no-duplicate-rows", "effect-semantics", "result-fidelity"}), at=None)),
     _case("interrupt-after-commit", Defect(
         # A Ctrl-C between the tool result's COMMIT and the note that it committed: the executor's
         # interrupt flush writes the result again. Only an interrupt (never a kill) can show it.
@@ -307,10 +313,11 @@ DEFECT_CASES = [
 
 
 # The controls CI runs (named by a defect each controls): the plain exhaustive campaigns most
-# defects share, power cuts, a crowd of concurrent resumers and a streamed answer. The other
-# campaigns pass in CI's own campaign tests too; the nightly workflow runs every control.
+# defects share, power cuts, a crowd of concurrent resumers, a streamed answer and a model that
+# numbers its calls per response. The other campaigns pass in CI's own campaign tests too; the
+# nightly workflow runs every control.
 CI_CONTROLS = ("ui-before-flush", "no-flush-before-dispatch", "answer-commit-unsynced", "fencing-skipped-crowd",
-               "stream-not-retracted")
+               "stream-not-retracted", "call-ids-taken-twice")
 
 
 def _control_cases() -> list[Any]:

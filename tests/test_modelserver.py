@@ -279,6 +279,23 @@ def test_a_fixed_id_server_repeats_call_ids_for_a_re_sent_message() -> None:
         ScriptedModelServer(SCRIPT, call_ids="sometimes")
 
 
+def test_a_numbered_id_server_names_each_responses_calls_by_tool_and_position() -> None:
+    """As some providers do: `<tool>:<position>` in every response, so a turn's rounds repeat ids
+    (and a later turn repeats the first's). A call the script names itself keeps its name."""
+    named = ToolCallSpec("get_weather", {"city": "Bergen"}, id="mine-1")
+    script = turn_script({"weather?": [Reply("Checking.", (WEATHER_CALL, WEATHER_CALL)),
+                                       Reply("Again.", (WEATHER_CALL, named)), Reply("Done.")]})
+    with ScriptedModelServer(script, model="test-model", call_ids="numbered") as srv:
+        client = make_client(srv)
+        first = [{"role": "user", "content": "weather?"}]
+        assert _call_ids(client, first) == ["get_weather:0", "get_weather:1"]
+        after = first + [{"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+            for cid in ("get_weather:0", "get_weather:1")]}] + [
+            {"role": "tool", "tool_call_id": cid, "content": "3"} for cid in ("get_weather:0", "get_weather:1")]
+        assert _call_ids(client, after) == ["get_weather:0", "mine-1"]
+
+
 def test_the_first_answer_to_a_prefix_has_the_same_ids_on_every_server(server: ScriptedModelServer) -> None:
     prefix = [{"role": "system", "content": "You are a test."}] + _weather_turn("call_from_turn_one")
     request = prefix + [{"role": "user", "content": "weather?"}]

@@ -47,7 +47,7 @@ from supervisor.chaos.runner import CaseResult, CaseRunner
 from supervisor.chaos.scenarios import MODEL, CampaignScript, campaign_script
 from supervisor.procs.pool import Pool, PoolStopped, WorkerProcess
 from targetkit import registry
-from testkit.modelserver import ScriptedModelServer
+from testkit.modelserver import NUMBERED_IDS, ScriptedModelServer
 from testkit.pgcluster import PgCluster
 
 if TYPE_CHECKING:
@@ -139,7 +139,9 @@ class Campaign:
         if config.store == POSTGRES:
             self._pg = start_cluster()  # stopped by close(), whatever happened
         try:
-            self._server = ScriptedModelServer(script, model=MODEL, request_log=MODEL_REQUEST_LOG).start()
+            numbered = NUMBERED_IDS if config.call_ids == NUMBERED_IDS else None  # else the script's own
+            self._server = ScriptedModelServer(script, model=MODEL, request_log=MODEL_REQUEST_LOG,
+                                               call_ids=numbered).start()
         except BaseException:
             if self._pg is not None:  # nothing of a campaign that could not open stays running
                 self._pg.stop()

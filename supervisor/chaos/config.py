@@ -36,6 +36,9 @@ class CampaignConfig:
     # worker as `--target-option KEY=VALUE`, and written so in each case's repro line.
     target_options: tuple[tuple[str, str], ...] = ()
     synchronous: str = "FULL"  # every worker's session database: FULL or NORMAL (`--synchronous`)
+    # How the scripted model names tool calls (`--call-ids`): "fresh" ids, or "numbered" per
+    # response (`<tool>:<position>`, as some providers do), which repeat across a turn's rounds.
+    call_ids: str = "fresh"
     # Where the workers keep their sessions: "sqlite" (a file per case) or "postgres" (a database per
     # case on the campaign's private server, supervisor.chaos.pgstore); `--store`.
     store: str = "sqlite"

@@ -203,6 +203,8 @@ class CaseRunner:
             flags.append(f"--faults {','.join(self.config.faults)}")
         if self.config.synchronous != "FULL":
             flags.append(f"--synchronous {self.config.synchronous}")
+        if self.config.call_ids != "fresh":
+            flags.append(f"--call-ids {self.config.call_ids}")
         if self.config.store == POSTGRES:
             flags.append("--store postgres")
         flags += own_tools.repro_flags(self.config)
