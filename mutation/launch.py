@@ -33,6 +33,7 @@ GROUPS: dict[str, dict[str, Any]] = {
 
 
 _running: list[Any] = []  # the campaign run_group is running, for stop_running
+_spawned: list[int] = []  # every worker pid run_group's campaigns started, in this process
 _stopped: list[str] = []  # why this process was told to stop: no campaign starts after that
 
 
@@ -42,6 +43,11 @@ def stop_running(reason: str) -> None:
     _stopped.append(reason)
     for campaign in list(_running):
         campaign.stop(reason)
+
+
+def workers_spawned() -> int:
+    """How many workers (each running the measured tree) this process's campaigns have started."""
+    return len(_spawned)
 
 
 def stopped() -> str | None:
@@ -82,6 +88,7 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
         proc = real_spawn(self, args, **kwargs)
         with lock:
             outcome.spawned.append((proc.pid, kwargs.get("label") or ""))
+            _spawned.append(proc.pid)
         return proc
 
     config = CampaignConfig(scenarios=scenarios or sorted(SCENARIOS), mode=spec["mode"], jobs=jobs,

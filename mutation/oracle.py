@@ -61,9 +61,16 @@ def judge(pristine: Path, mutant_tree: Path, the_map: dict[str, Any], budget: fl
     deadline = started + budget
     ran = 0
     for group, cases in chosen.items():
+        spawned = launch.workers_spawned()
         try:
             outcome = launch.run_group(mutant_tree, group, cases, deadline=deadline)
         except Exception as exc:  # noqa: BLE001 - the campaign a user runs would crash: it does not pass
+            if launch.workers_spawned() == spawned:
+                # No worker ran the mutant yet, and the supervisor is pristine: the harness failed
+                # (a setting this tree does not know, a missing tool), which says nothing of the mutant.
+                return dict(report, outcome="error", group=group, detail=f"the {group} campaign failed before "
+                            f"any worker started: {type(exc).__name__}: {exc}"[:2000],
+                            ran=ran, seconds=round(time.monotonic() - started, 2))
             return dict(report, outcome="killed", group=group, case=None, by=[f"campaign-crashed:{type(exc).__name__}"],
                         ran=ran, seconds=round(time.monotonic() - started, 2))
         ran += len(outcome.ran)

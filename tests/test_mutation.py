@@ -335,3 +335,27 @@ def test_a_stopped_oracle_starts_no_further_campaign(monkeypatch: pytest.MonkeyP
                               "lines": {"hermes/m.py": {"3": [0]}}} for g in ("sqlite", "interrupt")}}
     verdict = oracle.judge(Path("p"), Path("m"), the_map, budget=60)
     assert ran == ["sqlite"] and verdict["outcome"] == "stopped" and verdict["why"] == "driver gone"
+
+
+@pytest.mark.parametrize("workers_before_the_crash", [0, 1], ids=["before-any-worker", "after-a-worker"])
+def test_a_campaign_that_crashes_kills_the_mutant_only_once_a_worker_ran_it(
+        monkeypatch: pytest.MonkeyPatch, workers_before_the_crash: int) -> None:
+    """The supervisor and its checker are pristine: a campaign that fails before any worker (the only
+    place the mutant lives) started failed for a reason of the harness's, a setting the measured tree
+    does not know for one; that is an error to measure again, never a kill."""
+    def run_group(_tree: Path, group: str, cases: list[str], **_kwargs: Any) -> launch.Outcome:
+        launch._spawned.extend([4242] * workers_before_the_crash)
+        raise TypeError("CampaignConfig.__init__() got an unexpected keyword argument 'call_ids'")
+
+    monkeypatch.setattr(launch, "_stopped", [])
+    monkeypatch.setattr(launch, "_spawned", [])
+    monkeypatch.setattr(launch, "run_group", run_group)
+    monkeypatch.setattr(oracle, "mutated", lambda _p, _m: ("hermes/m.py", {3}))
+    the_map = {"groups": {"sqlite": {"cases": ["single-tool/fault-free"], "case_seconds": [1.0],
+                                     "lines": {"hermes/m.py": {"3": [0]}}}}}
+    verdict = oracle.judge(Path("p"), Path("m"), the_map, budget=60)
+    if workers_before_the_crash:
+        assert verdict["outcome"] == "killed" and verdict["by"] == ["campaign-crashed:TypeError"]
+    else:
+        assert verdict["outcome"] == "error" and "before any worker started" in verdict["detail"]
+        assert "call_ids" in verdict["detail"]
