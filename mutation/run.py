@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from hermes.private_files import make_private_dirs
 from mutation import casemap, launch, mutants, tree
 
 # cosmic-ray's own timeout is a last resort: the oracle stops its campaign at its budget first,
@@ -105,8 +106,7 @@ def run_shard(source: Path, work: Path, shard: tuple[int, int], modules: list[st
               groups: list[str], log: Callable[[str], None] = print, limit: int | None = None,
               scenarios: list[str] | None = None) -> Path:
     """Run this shard's mutants of `modules` (default: the whole core); write and return its results file."""
-    work.mkdir(parents=True, exist_ok=True)
-    (work / ".gitignore").write_text("*\n")
+    open_work(work)
     state = prepare(source, work, groups, log, scenarios)
     # The oracle's campaigns: which groups, over which scenarios (every one unless narrowed).
     oracle_scope = groups + [f"scenario:{s}" for s in sorted(scenarios or ())]
@@ -156,6 +156,15 @@ def run_shard(source: Path, work: Path, shard: tuple[int, int], modules: list[st
             _write(out_path, results)  # a shard stopped midway keeps what it measured
         _write(out_path, results)
     return out_path
+
+
+def open_work(work: Path) -> None:
+    """The shard's work directory (copies of the tree, the case map, the results), made 0700 with its
+    missing parents like every directory the project makes, also when an older run left it open;
+    git ignores it."""
+    make_private_dirs(work)
+    os.chmod(work, 0o700)
+    (work / ".gitignore").write_text("*\n")
 
 
 def _carry_over(previous: dict[str, Any], results: dict[str, Any], pristine: Path) -> None:

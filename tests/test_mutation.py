@@ -359,3 +359,16 @@ def test_a_campaign_that_crashes_kills_the_mutant_only_once_a_worker_ran_it(
     else:
         assert verdict["outcome"] == "error" and "before any worker started" in verdict["detail"]
         assert "call_ids" in verdict["detail"]
+
+
+def test_the_work_directory_is_private(tmp_path: Path) -> None:
+    from mutation.run import open_work
+
+    open_work(tmp_path / "new" / ".mutation")
+    old = tmp_path / "old"
+    old.mkdir(mode=0o755)
+    old.chmod(0o755)
+    open_work(old)  # left open by an older run
+    for folder in (tmp_path / "new", tmp_path / "new" / ".mutation", old):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    assert (old / ".gitignore").read_text() == "*\n"
