@@ -197,6 +197,10 @@ SAMPLE = [
     # generated group) shows the commit differing from what was streamed.
     ("hermes/finalizer.py", "core/ReplaceUnaryOperator_Delete_USub", "last = messages[-1] if messages else None",
      "gen-42c445fe8f2d/fault-free"),
+    # A resumed turn finds its question empty: every row and the answer stay right, only the trajectory
+    # log the turn writes shows it (`outcome-honesty`); the self-kill scenario resumes in its baseline.
+    ("hermes/resume.py", "core/ReplaceComparisonOperator_IsNot_Is",
+     'return message.get("content") if message.get("content") is not None else ""', "self-kill/fault-free"),
 ]
 
 
