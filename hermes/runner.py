@@ -228,14 +228,20 @@ class AIAgent:
         return self.turn.finish("done")
 
     def _save_trajectory(self, messages: list[dict[str, Any]], user_message: UserContent, completed: bool) -> None:
-        """Append the turn to trajectories.jsonl under the home directory, when asked to."""
+        """Append the turn to trajectories.jsonl under the home directory, when asked to. The turn is
+        durably done by then: a log that cannot be written (a full disk, a read-only home) costs a
+        warning, never the turn its answer."""
         if not self.save_trajectories:
             return
-        make_private_dirs(self.hermes_home)
-        with open_private(self.hermes_home / "trajectories.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"session": self.session_id, "turn": self.turn.id,
-                                 "user": scrub_content(user_message), "completed": completed,
-                                 "messages": [public_copy(m) for m in messages]}, ensure_ascii=False) + "\n")
+        line = json.dumps({"session": self.session_id, "turn": self.turn.id, "user": scrub_content(user_message),
+                           "completed": completed, "messages": [public_copy(m) for m in messages]},
+                          ensure_ascii=False) + "\n"
+        try:
+            make_private_dirs(self.hermes_home)
+            with open_private(self.hermes_home / "trajectories.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(line)
+        except OSError as exc:
+            log.warning("turn %s: its trajectory was not saved: %s", self.turn.id, exc.strerror or exc)
 
     def _cleanup_task_resources(self, task_id: str) -> None:
         registry.cleanup_task(task_id)

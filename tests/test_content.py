@@ -133,6 +133,15 @@ def test_text_round_trips_through_a_full_turn(case: str, stream: bool, db: Sessi
     assert [m["content"] for m in record["messages"]] == [r["content"] for r in rows]
 
 
+def test_a_trajectory_that_cannot_be_written_costs_a_warning_not_the_turn(
+        db: SessionDB, server, echo: Echo, agent_home: Path, caplog: pytest.LogCaptureFixture) -> None:
+    agent_home.parent.mkdir(parents=True, exist_ok=True)
+    agent_home.write_text("a file where the home directory should be")  # every write under it fails
+    result = _agent(db, server).run_conversation("hello")
+    assert result["completed"] is True and db.get_turn(result["turn_id"])["state"] == "done"
+    assert "its trajectory was not saved" in caplog.text
+
+
 def test_a_ten_megabyte_tool_result_is_spilled_to_a_private_file_with_a_preview(
         db: SessionDB, db_path: Path, server, echo: Echo, agent_home: Path) -> None:
     shown: list[str] = []
