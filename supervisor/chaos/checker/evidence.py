@@ -85,16 +85,22 @@ def load_applied(ledger: Path | Sequence[dict[str, Any]] | None) -> list[dict[st
     return _read_ledger(ledger, "applied keyed writes (table kv)", lambda handle: handle.applied())
 
 
+def quote(value: Any) -> str | None:
+    """The start of what a message says, as a witness quotes it: text as it is, anything else (a list
+    of content parts) as its JSON; None stays None."""
+    if value is None:
+        return None
+    return (value if isinstance(value, str) else canonical_json(value))[:QUOTE]
+
+
 def brief(row: dict[str, Any]) -> dict[str, Any]:
     """A row as a witness shows it: its identity and the start of what it says."""
-    content = row.get("content")
-    text = content if isinstance(content, str) or content is None else canonical_json(content)
     calls = row.get("tool_calls") or []
     return {"id": row["id"], "session": row.get("session_id"), "turn": row.get("turn_id"),
             "role": row.get("role"), "active": row.get("active"), "cloned_from": row.get("cloned_from"),
             "tool_call_id": row.get("tool_call_id"),
             "tool_calls": [c.get("id") for c in calls if isinstance(c, dict)],
-            "content": text[:QUOTE] if isinstance(text, str) else text}
+            "content": quote(row.get("content"))}
 
 
 def of_type(events: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

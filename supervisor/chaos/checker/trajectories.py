@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from supervisor.chaos.checker.evidence import QUOTE, final_answers
+from supervisor.chaos.checker.evidence import final_answers, quote
 from supervisor.chaos.checker.verdict import OUTCOME_HONESTY, Violation
 from supervisor.chaos.durable import Durable
 from supervisor.chaos.history import canonical_json
@@ -41,11 +41,6 @@ def read_trajectories(path: Path) -> list[dict[str, Any]]:
         if isinstance(value, dict):
             lines.append(value)
     return lines
-
-
-def _quote(value: Any) -> str:
-    text = value if isinstance(value, str) else canonical_json(value)
-    return text[:QUOTE]
 
 
 def trajectory_violations(d: Durable, lines: list[dict[str, Any]], *, lossy: bool) -> list[Violation]:
@@ -76,13 +71,13 @@ def trajectory_violations(d: Durable, lines: list[dict[str, Any]], *, lossy: boo
             wrong(f"records turn {turn_id} as not completed, though it is durably done",
                   completed=line.get("completed"))
         if turn_id in questions and canonical_json(line.get("user")) != canonical_json(questions[turn_id]):
-            wrong(f"records a question that is not turn {turn_id}'s", logged=_quote(line.get("user")),
-                  durable=_quote(questions[turn_id]))
+            wrong(f"records a question that is not turn {turn_id}'s", logged=quote(line.get("user")),
+                  durable=quote(questions[turn_id]))
         messages = line.get("messages")
         last = messages[-1] if isinstance(messages, list) and messages else None
         said = last.get("content") if isinstance(last, dict) else None
         durable = [a["content"] for a in answers.get(turn_id, ())]
         if durable and said not in durable:
-            wrong(f"ends turn {turn_id} with a message that is not its durable answer", logged=_quote(said),
-                  durable=_quote(durable[-1]))
+            wrong(f"ends turn {turn_id} with a message that is not its durable answer", logged=quote(said),
+                  durable=quote(durable[-1]))
     return violations
