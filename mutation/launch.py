@@ -73,6 +73,8 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
               scenarios: list[str] | None = None) -> Outcome:
     """Run `case_ids` of `group` (an empty list: the group's whole campaign); stop at the first
     case that fails when `stop_on_fail`, and at `deadline` (time.monotonic()) in any case."""
+    if stopped():  # before its work directory is made: a stopped run leaves nothing behind
+        return Outcome(timed_out=True)  # told to stop before it began: nothing was judged
     from supervisor.chaos.campaign import Campaign
     from supervisor.chaos.config import CampaignConfig
     from supervisor.chaos.scenarios import SCENARIOS
@@ -117,9 +119,6 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
             holder["campaign"].stop("mutant killed")
 
     started = time.monotonic()
-    if stopped():
-        outcome.timed_out = True  # told to stop before it began: nothing was judged
-        return outcome
     # child_env and the pool read REPO_ROOT at each start: the workers' PYTHONPATH and directory.
     repo_root, pool.REPO_ROOT = pool.REPO_ROOT, worker_tree
     Pool.spawn = spawn  # type: ignore[method-assign]

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -339,6 +340,16 @@ def test_a_stopped_oracle_starts_no_further_campaign(monkeypatch: pytest.MonkeyP
                               "lines": {"hermes/m.py": {"3": [0]}}} for g in ("sqlite", "interrupt")}}
     verdict = oracle.judge(Path("p"), Path("m"), the_map, budget=60)
     assert ran == ["sqlite"] and verdict["outcome"] == "stopped" and verdict["why"] == "driver gone"
+
+
+def test_a_stopped_run_makes_no_work_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Told to stop (the driver gone, a signal), each mutant still queued asks for its campaign: none
+    # may leave a directory behind, as dozens of empty ones in the temporary directory showed.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(launch, "_stopped", ["driver gone"])
+    outcome = launch.run_group(tmp_path, "sqlite", ["single-tool/fault-free"])
+    assert outcome.timed_out and outcome.ran == []
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("workers_before_the_crash", [0, 1], ids=["before-any-worker", "after-a-worker"])
