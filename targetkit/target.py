@@ -57,6 +57,7 @@ class Promises:
     stream_retraction: bool = True    # streamed text ends committed or explicitly retracted
     durable_projections: bool = True  # nothing is shown before it is durable
     private_files: bool = False       # its files are 0600 and its directories 0700 (judged only when promised)
+    counted_model_calls: bool = False  # the `api_calls` it reports are the model requests it made for the turn
     promised: Mapping[tuple[str, str], str] = field(default_factory=dict)
     documented: Mapping[tuple[str, str], str] = field(default_factory=dict)
     claims: str = ""
@@ -82,7 +83,7 @@ def at_least_once_framework(claims: str, rerun_doc: str) -> Promises:
 
 
 OUR_CONTRACT = "this project's docs/contract.md, The durability contract (each invariant: docs/chaos.md, The verdict)"
-FULL_PROMISES = Promises(contract=OUR_CONTRACT, private_files=True)
+FULL_PROMISES = Promises(contract=OUR_CONTRACT, private_files=True, counted_model_calls=True)
 
 
 _VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

@@ -594,6 +594,25 @@ def test_outcome_honesty_leaves_a_completion_lost_to_a_normal_power_cut_to_that_
             "outcome-honesty")
 
 
+def _requests(incarnation: int, turn: str, count: int) -> list[dict[str, Any]]:
+    """`count` model requests worker `incarnation` announced for `turn` (its `model.request` probes)."""
+    return [{"case": "c", "type": "probe", "incarnation": incarnation, "name": "model.request", "n": n + 1,
+             "ctx": {"session": SID, "turn": turn}} for n in range(count)]
+
+
+def test_outcome_honesty_holds_each_reported_model_call_count_to_that_workers_requests(scenario: Scenario) -> None:
+    build_clean(scenario)
+    told = [*_requests(1, "t1", 1), *_requests(2, "t1", 2), *_requests(2, "t2", 1),
+            _outcome("t1", "completed", 2, api_calls=2), _outcome("t2", "completed", 2, api_calls=1)]
+    holds(outcome_honesty(scenario.db_path, told, counted_calls=True))
+    # A recovery that made no request reports one (the call was an earlier worker's): the first
+    # worker's request for that turn does not count for the second.
+    lying = [*_requests(1, "t1", 1), _outcome("t1", "completed", 2, api_calls=1)]
+    violation = failing(outcome_honesty(scenario.db_path, lying, counted_calls=True), "outcome-honesty")
+    assert "worker 2 reported 1 model call(s) for turn t1; it made 0" in violation.message
+    holds(outcome_honesty(scenario.db_path, lying))  # a target that does not promise the count
+
+
 def _trajectory(path: Path, *lines: dict[str, Any] | str) -> Path:
     """A trajectory log of these lines (a str is written as it is: a torn line)."""
     path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))

@@ -198,6 +198,11 @@ DEFECT_CASES = [
         # answer are right, the trajectory log says it answered "".
         "resume_forgets_question", "resume-forgets-question", BEFORE_LOOKUP,
         frozenset({"outcome-honesty"}), at="tool.dispatch.before:1")),
+    _case("resume-miscounts-calls", Defect(
+        # Killed once its answer was committed, the turn is marked done by recovery, which made no
+        # model call and reports one: every row is right, the caller is billed twice.
+        "resume_miscounts_calls", "resume-miscounts-calls", ("--scenario", "single-tool", "--probe", "flush.committed"),
+        frozenset({"outcome-honesty"}), at="flush.committed:4")),
     _case("call-ids-taken-twice", Defect(
         # The model numbers its calls per response, so a drawn conversation's second round asks for
         # `lookup:0` again: kept, the id answers two calls and keys two executions as one call.

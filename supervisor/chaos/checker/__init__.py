@@ -120,7 +120,7 @@ def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[d
         result_fidelity(d, events, expect, own=own),
         stream_honesty(events, promises),
         turn_liveness(d, events, expect),
-        outcome_honesty(d, events, trajectories),
+        outcome_honesty(d, events, trajectories, counted_calls=promises.counted_model_calls),
         answer_once(d),
         sanitize_pure(d, events),
         fails_closed(events),

@@ -31,6 +31,8 @@ from supervisor.chaos.nemesis import Fault
 from supervisor.chaos.scenarios import DEFAULT_MAX_RESTARTS, Expectation
 from worker.protocol import EXIT_TURN_FAILED
 
+MODEL_REQUEST = "model.request"  # the probe our runtime fires as it sends each model request
+
 
 def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation | None = None) -> Verdict:
     """Every turn ended ('done' or 'failed', a failure with its reason recorded being an honest end); the
@@ -69,7 +71,8 @@ def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation 
                        "resumes": len(resumes), "max_resumes_per_turn": max(per_turn.values(), default=0)})
 
 
-def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path | None = None) -> Verdict:
+def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path | None = None, *,
+                    counted_calls: bool = False) -> Verdict:
     """What a worker reports of a turn (its `outcome`, the result its caller gets) is true of the
     durable state: a turn reported completed is durably 'done' once the case is over, and a turn
     reported failed says why (`failure_reason`). A caller told "failed" of a turn that was answered,
@@ -78,6 +81,9 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
     at a level that documents losing the last commits (synchronous=NORMAL) is not held to it: that
     loss is power-cut-durability's to report. `trajectories`: the runtime's trajectory log, another
     report of each finished turn, held to the store the same way (checker.trajectories).
+    `counted_calls`: the target promises that the model calls a worker reports for its turn
+    (`api_calls`) are the requests it made for that turn, each announced by a `model.request` probe
+    first (ours does): a caller that bills, limits or audits by that count must get the true one.
     """
     d = as_durable(db)
     if d.error:
@@ -91,6 +97,8 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
     reported = 0
     events = list(events)
     lossy_cuts = [i for i, e in enumerate(events) if e.get("type") == "power_cut" and e.get("synchronous") != "FULL"]
+    requests = Counter((e.get("incarnation"), (e.get("ctx") or {}).get("turn")) for e in events
+                       if e.get("type") == "probe" and e.get("name") == MODEL_REQUEST)
     for index, event in enumerate(events):
         if event.get("type") != "outcome":
             continue
@@ -109,6 +117,12 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
             state = "absent" if turn is None else turn["state"]
             violations.append(Violation(OUTCOME_HONESTY, f"a worker reported turn {turn_id} completed; durably it "
                                                          f"is {state}", {**where, "turn": turn and turn_brief(turn)}))
+        said = result.get("api_calls")
+        made = requests[(event.get("incarnation"), turn_id)]
+        if counted_calls and type(said) is int and said != made:
+            violations.append(Violation(OUTCOME_HONESTY, f"worker {event.get('incarnation')} reported {said} model "
+                                                         f"call(s) for turn {turn_id}; it made {made}",
+                                        {**where, "model_requests_made": made}))
     violations += trajectory_violations(d, logged, lossy=bool(lossy_cuts))
     return verdict_of(OUTCOME_HONESTY, violations, {"outcomes": reported, "trajectories": len(logged)})
 
