@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from mutation import launch, mutants, score, tree
 
@@ -42,6 +44,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unwind_on_signals() -> None:
+    """SIGTERM or SIGINT ends the run as an exception would, so that whatever is under way cleans up
+    on its way out: a campaign kills its workers by pid and its work directory goes, cosmic-ray puts
+    the mutated module back, and the oracle of the mutant being judged stops once this process is
+    gone. Without it SIGTERM's default action left each campaign's directory behind. A second signal
+    is ignored: it must not cut that clean-up short (SIGKILL still ends the run)."""
+    def unwind(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        launch.stop_running(signal.Signals(signum).name)  # no campaign starts after this
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, unwind)
+    signal.signal(signal.SIGINT, unwind)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     root = tree.project_root()
@@ -56,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"not a core module: {', '.join(unknown)}", file=sys.stderr)
             return 2
         source = args.source.resolve() if args.source else root
+        _unwind_on_signals()
         out = run_shard(source, (root / args.work).resolve(), args.shard, args.module, groups,
                         log=lambda line: print(line, flush=True), limit=args.limit,
                         scenarios=args.scenario)

@@ -133,7 +133,7 @@ def _group_map(copy: Path, data_dir: Path, outcome: launch.Outcome, seconds: flo
 
 def save(casemap: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(casemap, separators=(",", ":"), sort_keys=True))
+    tree.replace_text(path, json.dumps(casemap, separators=(",", ":"), sort_keys=True))
 
 
 def load(path: Path) -> dict[str, Any]:

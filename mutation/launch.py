@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +97,7 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
                             seed=spec.get("seed", 0), runs=spec.get("runs", CampaignConfig.runs),
                             case_ids=tuple(case_ids), faults=tuple(spec.get("faults", ())),
                             store=spec.get("store", "sqlite"), call_ids=spec.get("call_ids", "fresh"),
-                            forkserver=forkserver,
-                            workdir=Path(tempfile.mkdtemp(prefix="hermes-mutation-")))
+                            forkserver=forkserver)
     holder: dict[str, Campaign] = {}
 
     def on_result(result: Any) -> None:
@@ -123,8 +122,9 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
     repo_root, pool.REPO_ROOT = pool.REPO_ROOT, worker_tree
     Pool.spawn = spawn  # type: ignore[method-assign]
     watchdog: threading.Timer | None = None
+    workdir = Path(tempfile.mkdtemp(prefix="hermes-mutation-"))  # the last step before the try that removes it
     try:
-        campaign = holder["campaign"] = Campaign(config, on_result=on_result)
+        campaign = holder["campaign"] = Campaign(replace(config, workdir=workdir), on_result=on_result)
         _running.append(campaign)
         if deadline is not None:
             def expire() -> None:
@@ -140,6 +140,6 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
         _running.clear()
         Pool.spawn = real_spawn  # type: ignore[method-assign]
         pool.REPO_ROOT = repo_root
-        shutil.rmtree(config.workdir, ignore_errors=True)  # type: ignore[arg-type]
+        shutil.rmtree(workdir, ignore_errors=True)
     outcome.seconds = time.monotonic() - started
     return outcome

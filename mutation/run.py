@@ -194,9 +194,7 @@ def _compiles(source: str, m: mutants.Mutant) -> bool:
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)
+    tree.replace_text(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _tool() -> str:

@@ -387,3 +387,40 @@ def test_the_work_directory_is_private(tmp_path: Path) -> None:
     for folder in (tmp_path / "new", tmp_path / "new" / ".mutation", old):
         assert folder.stat().st_mode & 0o777 == 0o700, folder
     assert (old / ".gitignore").read_text() == "*\n"
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
+def test_a_run_stopped_by_sigterm_removes_its_campaigns_directory_and_workers(tmp_path: Path) -> None:
+    """SIGTERM during the case map: the run exits 143 having stopped its campaign, so neither that
+    campaign's directory nor any process it started is left."""
+    import time
+
+    import psutil
+    from procutil import stop_tree
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch), NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    proc = subprocess.Popen([sys.executable, "-m", "mutation", "run", "--group", "interrupt", "--scenario",
+                             "single-tool", "--module", "hermes/outcomes.py", "--work", str(tmp_path / "work")],
+                            cwd=REPO, env=env, text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    started: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not any(scratch.glob("hermes-mutation-*/*")):  # a case of the map's campaign is under way
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the case map never started a case"
+            time.sleep(0.05)  # polling for the directory, not waiting out a guess
+        started = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        stop_tree(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert list(scratch.iterdir()) == [], out[-3000:]
+    alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for p in alive:
+        p.kill()
+    assert alive == []
