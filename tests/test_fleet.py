@@ -88,6 +88,8 @@ def running_held(fleet: list[Any]) -> tuple[Any, Any]:
     return victim, next(d for d in fleet if d is not victim)
 
 
+@pytest.mark.chaos  # a real daemon SIGKILLed (or SIGSTOPped) mid-turn
+@pytest.mark.xdist_group("chaos")
 def test_two_daemons_one_sigkilled_mid_turn_finish_200_turns_exactly_once(
         tmp_path: Path, daemons: Daemons, pg_url: str) -> None:  # noqa: F811
     env = env_for(tmp_path)
@@ -139,6 +141,8 @@ def final_answers(url: str, session: str, turn: str) -> list[str]:
             and r["content"] and not r["tool_calls"] and r["cloned_from"] is None]
 
 
+@pytest.mark.chaos  # a real daemon SIGKILLed (or SIGSTOPped) mid-turn
+@pytest.mark.xdist_group("chaos")
 def test_a_paused_daemon_loses_its_session_and_its_worker_writes_nothing_after(
         tmp_path: Path, daemons: Daemons, pg_url: str) -> None:  # noqa: F811
     """The daemon running a turn and its worker are stopped (SIGSTOP) past the claim's time to live:
