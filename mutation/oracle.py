@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mutation import casemap, launch, tree
+from supervisor.procs.pool import TemplateFailed
 
 EXIT_SURVIVED, EXIT_KILLED, EXIT_TIMEOUT = 0, 1, 3
 
@@ -65,9 +66,11 @@ def judge(pristine: Path, mutant_tree: Path, the_map: dict[str, Any], budget: fl
         try:
             outcome = launch.run_group(mutant_tree, group, cases, deadline=deadline)
         except Exception as exc:  # noqa: BLE001 - the campaign a user runs would crash: it does not pass
-            if launch.workers_spawned() == spawned:
+            if launch.workers_spawned() == spawned and not isinstance(exc, TemplateFailed):
                 # No worker ran the mutant yet, and the supervisor is pristine: the harness failed
                 # (a setting this tree does not know, a missing tool), which says nothing of the mutant.
+                # A worker template that died did run it: the template imports the measured tree (a
+                # mutant that makes the runtime unimportable fails every campaign a user would run).
                 return dict(report, outcome="error", group=group, detail=f"the {group} campaign failed before "
                             f"any worker started: {type(exc).__name__}: {exc}"[:2000],
                             ran=ran, seconds=round(time.monotonic() - started, 2))

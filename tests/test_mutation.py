@@ -376,6 +376,24 @@ def test_a_campaign_that_crashes_kills_the_mutant_only_once_a_worker_ran_it(
         assert "call_ids" in verdict["detail"]
 
 
+def test_a_worker_template_that_cannot_import_the_mutant_kills_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The template imports the measured tree before any worker is forked: a mutant that makes the
+    runtime unimportable (a TYPE_CHECKING guard inverted into a circular import) fails every campaign."""
+    from supervisor.procs.pool import TemplateFailed
+
+    def run_group(_tree: Path, group: str, cases: list[str], **_kwargs: Any) -> launch.Outcome:
+        raise TemplateFailed("the worker template exited with status 1")
+
+    monkeypatch.setattr(launch, "_stopped", [])
+    monkeypatch.setattr(launch, "_spawned", [])
+    monkeypatch.setattr(launch, "run_group", run_group)
+    monkeypatch.setattr(oracle, "mutated", lambda _p, _m: ("hermes/m.py", {3}))
+    the_map = {"groups": {"sqlite": {"cases": ["single-tool/fault-free"], "case_seconds": [1.0],
+                                     "lines": {"hermes/m.py": {"3": [0]}}}}}
+    verdict = oracle.judge(Path("p"), Path("m"), the_map, budget=60)
+    assert verdict["outcome"] == "killed" and verdict["by"] == ["campaign-crashed:TemplateFailed"]
+
+
 def test_the_work_directory_is_private(tmp_path: Path) -> None:
     from mutation.run import open_work
 
