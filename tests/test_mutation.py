@@ -352,15 +352,11 @@ def test_a_stopped_run_makes_no_work_directory(tmp_path: Path, monkeypatch: pyte
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("workers_before_the_crash", [0, 1], ids=["before-any-worker", "after-a-worker"])
-def test_a_campaign_that_crashes_kills_the_mutant_only_once_a_worker_ran_it(
-        monkeypatch: pytest.MonkeyPatch, workers_before_the_crash: int) -> None:
-    """The supervisor and its checker are pristine: a campaign that fails before any worker (the only
-    place the mutant lives) started failed for a reason of the harness's, a setting the measured tree
-    does not know for one; that is an error to measure again, never a kill."""
+def _judge_a_crashing_campaign(monkeypatch: pytest.MonkeyPatch, crash: Exception, workers: int) -> dict[str, Any]:
+    """The oracle's verdict on a mutant whose campaign raises `crash` once `workers` workers started."""
     def run_group(_tree: Path, group: str, cases: list[str], **_kwargs: Any) -> launch.Outcome:
-        launch._spawned.extend([4242] * workers_before_the_crash)
-        raise TypeError("CampaignConfig.__init__() got an unexpected keyword argument 'call_ids'")
+        launch._spawned.extend([4242] * workers)
+        raise crash
 
     monkeypatch.setattr(launch, "_stopped", [])
     monkeypatch.setattr(launch, "_spawned", [])
@@ -368,7 +364,17 @@ def test_a_campaign_that_crashes_kills_the_mutant_only_once_a_worker_ran_it(
     monkeypatch.setattr(oracle, "mutated", lambda _p, _m: ("hermes/m.py", {3}))
     the_map = {"groups": {"sqlite": {"cases": ["single-tool/fault-free"], "case_seconds": [1.0],
                                      "lines": {"hermes/m.py": {"3": [0]}}}}}
-    verdict = oracle.judge(Path("p"), Path("m"), the_map, budget=60)
+    return oracle.judge(Path("p"), Path("m"), the_map, budget=60)
+
+
+@pytest.mark.parametrize("workers_before_the_crash", [0, 1], ids=["before-any-worker", "after-a-worker"])
+def test_a_campaign_that_crashes_kills_the_mutant_only_once_a_worker_ran_it(
+        monkeypatch: pytest.MonkeyPatch, workers_before_the_crash: int) -> None:
+    """The supervisor and its checker are pristine: a campaign that fails before any worker (the only
+    place the mutant lives) started failed for a reason of the harness's, a setting the measured tree
+    does not know for one; that is an error to measure again, never a kill."""
+    crash = TypeError("CampaignConfig.__init__() got an unexpected keyword argument 'call_ids'")
+    verdict = _judge_a_crashing_campaign(monkeypatch, crash, workers_before_the_crash)
     if workers_before_the_crash:
         assert verdict["outcome"] == "killed" and verdict["by"] == ["campaign-crashed:TypeError"]
     else:
@@ -381,16 +387,7 @@ def test_a_worker_template_that_cannot_import_the_mutant_kills_it(monkeypatch: p
     runtime unimportable (a TYPE_CHECKING guard inverted into a circular import) fails every campaign."""
     from supervisor.procs.pool import TemplateFailed
 
-    def run_group(_tree: Path, group: str, cases: list[str], **_kwargs: Any) -> launch.Outcome:
-        raise TemplateFailed("the worker template exited with status 1")
-
-    monkeypatch.setattr(launch, "_stopped", [])
-    monkeypatch.setattr(launch, "_spawned", [])
-    monkeypatch.setattr(launch, "run_group", run_group)
-    monkeypatch.setattr(oracle, "mutated", lambda _p, _m: ("hermes/m.py", {3}))
-    the_map = {"groups": {"sqlite": {"cases": ["single-tool/fault-free"], "case_seconds": [1.0],
-                                     "lines": {"hermes/m.py": {"3": [0]}}}}}
-    verdict = oracle.judge(Path("p"), Path("m"), the_map, budget=60)
+    verdict = _judge_a_crashing_campaign(monkeypatch, TemplateFailed("the worker template exited with status 1"), 0)
     assert verdict["outcome"] == "killed" and verdict["by"] == ["campaign-crashed:TemplateFailed"]
 
 
