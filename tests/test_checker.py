@@ -607,10 +607,14 @@ def test_outcome_honesty_holds_each_reported_model_call_count_to_that_workers_re
     holds(outcome_honesty(scenario.db_path, told, counted_calls=True))
     # A recovery that made no request reports one (the call was an earlier worker's): the first
     # worker's request for that turn does not count for the second.
-    lying = [*_requests(1, "t1", 1), _outcome("t1", "completed", 2, api_calls=1)]
+    reconciled = {"case": "c", "type": "probe", "incarnation": 2, "name": "resume.reconciled", "n": 1,
+                  "ctx": {"session": SID, "turn": "t1"}}
+    lying = [*_requests(1, "t1", 1), reconciled, _outcome("t1", "completed", 2, api_calls=1)]
     violation = failing(outcome_honesty(scenario.db_path, lying, counted_calls=True), "outcome-honesty")
     assert "worker 2 reported 1 model call(s) for turn t1; it made 0" in violation.message
     holds(outcome_honesty(scenario.db_path, lying))  # a target that does not promise the count
+    # A worker that announced nothing of the turn has no probes to count by (coverage says why).
+    holds(outcome_honesty(scenario.db_path, [_outcome("t1", "completed", 2, api_calls=1)], counted_calls=True))
 
 
 def _trajectory(path: Path, *lines: dict[str, Any] | str) -> Path:

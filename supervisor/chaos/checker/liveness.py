@@ -97,8 +97,12 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
     reported = 0
     events = list(events)
     lossy_cuts = [i for i, e in enumerate(events) if e.get("type") == "power_cut" and e.get("synchronous") != "FULL"]
-    requests = Counter((e.get("incarnation"), (e.get("ctx") or {}).get("turn")) for e in events
-                       if e.get("type") == "probe" and e.get("name") == MODEL_REQUEST)
+    probes = [((e.get("incarnation"), (e.get("ctx") or {}).get("turn")), e.get("name")) for e in events
+              if e.get("type") == "probe"]
+    requests = Counter(key for key, name in probes if name == MODEL_REQUEST)
+    # A worker that announced nothing of a turn has no probes to count its requests by (probes not
+    # wired: coverage reports that), so its count is not judged.
+    announced = {key for key, _name in probes}
     for index, event in enumerate(events):
         if event.get("type") != "outcome":
             continue
@@ -119,7 +123,7 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
                                                          f"is {state}", {**where, "turn": turn and turn_brief(turn)}))
         said = result.get("api_calls")
         made = requests[(event.get("incarnation"), turn_id)]
-        if counted_calls and type(said) is int and said != made:
+        if counted_calls and type(said) is int and said != made and (event.get("incarnation"), turn_id) in announced:
             violations.append(Violation(OUTCOME_HONESTY, f"worker {event.get('incarnation')} reported {said} model "
                                                          f"call(s) for turn {turn_id}; it made {made}",
                                         {**where, "model_requests_made": made}))
