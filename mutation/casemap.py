@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hermes.private_files import replace_file_durably
 from mutation import launch, tree
 
 SITECUSTOMIZE = '''\
@@ -133,7 +134,7 @@ def _group_map(copy: Path, data_dir: Path, outcome: launch.Outcome, seconds: flo
 
 def save(casemap: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tree.replace_text(path, json.dumps(casemap, separators=(",", ":"), sort_keys=True))
+    replace_file_durably(path, json.dumps(casemap, separators=(",", ":"), sort_keys=True))  # never torn by a stop
 
 
 def load(path: Path) -> dict[str, Any]:

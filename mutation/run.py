@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes.private_files import make_private_dirs
+from hermes.private_files import make_private_dirs, replace_file_durably
 from mutation import casemap, launch, mutants, tree
 
 # cosmic-ray's own timeout is a last resort: the oracle stops its campaign at its budget first,
@@ -194,7 +194,7 @@ def _compiles(source: str, m: mutants.Mutant) -> bool:
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    tree.replace_text(path, json.dumps(data, indent=1, sort_keys=True))
+    replace_file_durably(path, json.dumps(data, indent=1, sort_keys=True))  # never torn by a stop
 
 
 def _tool() -> str:

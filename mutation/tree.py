@@ -88,10 +88,3 @@ def code_version(root: Path, files: list[str]) -> str:
     """The version of the code a case map was built from."""
     return digest_of(root, [f for f in files if f.endswith(".py") and f.startswith(MAP_INPUTS)])
 
-
-def replace_text(path: Path, text: str) -> None:
-    """`path` holds `text`, whole: written beside it and renamed over it, so a run stopped mid-write
-    (a signal, a full disk) leaves the previous file, never a torn one the next run would read."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

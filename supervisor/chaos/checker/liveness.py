@@ -121,9 +121,9 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
             state = "absent" if turn is None else turn["state"]
             violations.append(Violation(OUTCOME_HONESTY, f"a worker reported turn {turn_id} completed; durably it "
                                                          f"is {state}", {**where, "turn": turn and turn_brief(turn)}))
-        said = result.get("api_calls")
-        made = requests[(event.get("incarnation"), turn_id)]
-        if counted_calls and type(said) is int and said != made and (event.get("incarnation"), turn_id) in announced:
+        said, key = result.get("api_calls"), (event.get("incarnation"), turn_id)
+        made = requests[key]
+        if counted_calls and type(said) is int and said != made and key in announced:
             violations.append(Violation(OUTCOME_HONESTY, f"worker {event.get('incarnation')} reported {said} model "
                                                          f"call(s) for turn {turn_id}; it made {made}",
                                         {**where, "model_requests_made": made}))
