@@ -21,7 +21,10 @@ from typing import Any
 # answer, compaction, a result spilled to a file, call ids across turns; seed and count fixed, so
 # that a case id names the same conversation in every run) from a model that numbers its calls per
 # response, so ids repeat across rounds and turns, power cuts (the code only a lost unsynced write
-# exercises) and the PostgreSQL engine.
+# exercises), the PostgreSQL engine, and storage faults (a locked, read-only or corrupt session
+# database at each point: the code that fails a turn closed runs only then; the disk fault is left
+# out, it needs the right to mount). A storage case mostly waits (out the worker's busy budget, for
+# one), so that group runs more cases at once than the others (`jobs`: at least that many).
 GROUPS: dict[str, dict[str, Any]] = {
     "sqlite": {"mode": "exhaustive"},
     "pause": {"mode": "pause"},
@@ -29,6 +32,7 @@ GROUPS: dict[str, dict[str, Any]] = {
     "generated": {"mode": "generated", "seed": 1, "runs": 40, "call_ids": "numbered"},
     "power-loss": {"mode": "exhaustive", "faults": ("power-loss",)},
     "postgres": {"mode": "exhaustive", "store": "postgres"},
+    "storage": {"mode": "exhaustive", "faults": ("locked", "readonly", "corrupt"), "jobs": 6},
 }
 
 
@@ -93,7 +97,8 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
             _spawned.append(proc.pid)
         return proc
 
-    config = CampaignConfig(scenarios=scenarios or sorted(SCENARIOS), mode=spec["mode"], jobs=jobs,
+    config = CampaignConfig(scenarios=scenarios or sorted(SCENARIOS), mode=spec["mode"],
+                            jobs=max(jobs, spec.get("jobs", 0)),
                             seed=spec.get("seed", 0), runs=spec.get("runs", CampaignConfig.runs),
                             case_ids=tuple(case_ids), faults=tuple(spec.get("faults", ())),
                             store=spec.get("store", "sqlite"), call_ids=spec.get("call_ids", "fresh"),

@@ -42,17 +42,18 @@ def prepare(source: Path, work: Path, groups: list[str], log: Callable[[str], No
     version = tree.code_version(pristine, files)
     suffix = "" if not scenarios else "-" + "+".join(sorted(scenarios))
     map_path = work / f"casemap-{version}{suffix}.json"
-    if map_path.exists():
-        the_map = casemap.load(map_path)
-    else:
-        log(f"case map for code {version}: running {', '.join(groups)} under coverage")
-        the_map = casemap.build(pristine, work, groups, scenarios=scenarios)
-        casemap.save(the_map, map_path)
-    missing = [g for g in groups if g not in the_map["groups"]]
+    the_map = casemap.load(map_path) if map_path.exists() else None
+    missing = [g for g in groups if the_map is None or g not in the_map["groups"]]
     if missing:
-        extra = casemap.build(pristine, work, missing, scenarios=scenarios)
-        the_map["groups"].update(extra["groups"])
+        log(f"case map for code {version}: running {', '.join(missing)} under coverage")
+    for group in missing:  # saved group by group: a run stopped midway keeps the groups it mapped
+        built = casemap.build(pristine, work, [group], scenarios=scenarios)
+        if the_map is None:
+            the_map = built
+        else:
+            the_map["groups"].update(built["groups"])
         casemap.save(the_map, map_path)
+    assert the_map is not None  # `groups` is never empty
     for group in groups:
         for case in the_map["groups"][group].get("failing", []):
             log(f"left out of the oracle: {group} case {case} fails on the original code")

@@ -175,50 +175,46 @@ def test_the_nightly_mutation_jobs_cover_every_shard_and_merge_them() -> None:
 
 # ------------------------------------------------------------ the CI sample
 # Real durability bugs, each made by one of cosmic-ray's operators on one line of the core, and a
-# case of the campaign that must catch it: (module, operator, the line's text, case id).
+# case of the campaign that must catch it: (module, operator, the line's text, oracle group, case id).
+# The group is named, not read from the case id: a storage group's faults apply to every case it
+# plans, so its case ids are the sqlite group's.
 SAMPLE = [
     # A flush that succeeded is taken for a failed one: the turn is reported failed and never reaches
     # finalize.after, so the kill planned there never fires (`coverage`).
     ("hermes/finalizer.py", "core/ReplaceUnaryOperator_Delete_Not", "if not turn.flush(messages):",
-     "single-tool/probe:self@finalize.after:1@t0p0"),
+     "sqlite", "single-tool/probe:self@finalize.after:1@t0p0"),
     # No dispatch intent is ever written: tools run with nothing durable saying they might have.
-    ("hermes/store/dispatches.py", "core/ZeroIterationForLoop", "for i in intents:", "single-tool/fault-free"),
+    ("hermes/store/dispatches.py", "core/ZeroIterationForLoop", "for i in intents:", "sqlite", "single-tool/fault-free"),
     # Recovery reruns an at-most-once call whose outcome is unknown, and records idempotent ones as unknown.
     ("hermes/resume.py", "core/ReplaceComparisonOperator_Eq_NotEq",
-     'if intent is None or intent["policy"] == IDEMPOTENT:', "writes/probe:self@tool.dispatch.after:1@t0p0"),
+     'if intent is None or intent["policy"] == IDEMPOTENT:', "sqlite", "writes/probe:self@tool.dispatch.after:1@t0p0"),
     # A new effects ledger never gets its tables: no execution of any tool is recorded.
     ("worker/ledger.py", "core/AddNot",
      "if present < 2:  # a new ledger (or one left half-made): create what is missing, in one transaction",
-     "single-tool/fault-free"),
+     "sqlite", "single-tool/fault-free"),
     # A call a Ctrl-C cut off before its tool started, its intent committed, is answered "cancelled":
     # the transcript says it never ran when it may have. Only the interrupt group reaches it.
-    ("hermes/outcomes.py", "core/AddNot", "if dispatched:", "single-tool/interrupt:self@tool.dispatch.before:1@t0p0"),
+    ("hermes/outcomes.py", "core/AddNot", "if dispatched:", "interrupt",
+     "single-tool/interrupt:self@tool.dispatch.before:1@t0p0"),
     # The streamed answer's row is looked for at the transcript's start instead of its end: in a first
     # turn that is the same row, so only a conversation streaming a later turn's answer (drawn: the
     # generated group) shows the commit differing from what was streamed.
     ("hermes/finalizer.py", "core/ReplaceUnaryOperator_Delete_USub", "last = messages[-1] if messages else None",
-     "gen-42c445fe8f2d/fault-free"),
+     "generated", "gen-42c445fe8f2d/fault-free"),
     # A resumed turn finds its question empty: every row and the answer stay right, only the trajectory
     # log the turn writes shows it (`outcome-honesty`); the self-kill scenario resumes in its baseline.
     ("hermes/resume.py", "core/ReplaceComparisonOperator_IsNot_Is",
-     'return message.get("content") if message.get("content") is not None else ""', "self-kill/fault-free"),
+     'return message.get("content") if message.get("content") is not None else ""', "sqlite", "self-kill/fault-free"),
+    # A recovery whose write of a reconciled tool result failed goes on with the turn: only a storage
+    # fault makes that write fail (the storage group; `well-formed` sees the turn's rows go on).
+    ("hermes/resume.py", "core/ReplaceFalseWithTrue", "return False", "storage",
+     "mixed-batch/probe:self@callback.interim.after:1@t0p0"),
 ]
 
 
-def _group_of(case_id: str) -> str:
-    """The oracle group whose campaign plans `case_id`."""
-    from supervisor.chaos.conversation import is_generated
-    from supervisor.chaos.generator import Case
-
-    case = Case.parse(case_id)
-    if is_generated(case.scenario):
-        return "generated"
-    return "interrupt" if case.fault is not None and case.fault.kind == "interrupt" else "sqlite"
-
-
-@pytest.mark.parametrize("module,operator,line,case_id", SAMPLE, ids=[s[0] for s in SAMPLE])
+@pytest.mark.parametrize("module,operator,line,group,case_id", SAMPLE, ids=[s[0] for s in SAMPLE])
 def test_the_campaign_oracle_kills_the_sample_mutant(tmp_path: Path, module: str, operator: str, line: str,
-                                                      case_id: str) -> None:
+                                                      group: str, case_id: str) -> None:
     from cosmic_ray.mutating import apply_mutation
     from cosmic_ray.plugins import get_operator
 
@@ -230,7 +226,7 @@ def test_the_campaign_oracle_kills_the_sample_mutant(tmp_path: Path, module: str
     _, mutated = apply_mutation(copy / module, get_operator(operator)(), mutant.occurrence)
     assert mutated is not None
     # A case map holding just the sample's case, for that line: the oracle's own path from there.
-    the_map = {"groups": {_group_of(case_id): {"cases": [case_id], "case_seconds": [1.0],
+    the_map = {"groups": {group: {"cases": [case_id], "case_seconds": [1.0],
                                   "lines": {module: {str(mutant.line): [0]}}}}}
     verdict = oracle.judge(REPO, copy, the_map, budget=120)
     assert verdict["outcome"] == "killed", verdict
@@ -304,6 +300,32 @@ def test_a_run_of_one_module_keeps_the_shards_other_modules(tmp_path: Path) -> N
         results = dict(other, modules={})  # another oracle: nothing of the old one is kept
         _carry_over(previous, results, tmp_path)
         assert results["modules"] == {}
+
+
+def test_the_case_map_is_kept_group_by_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stopped while it maps one group keeps the groups it mapped before: the next run maps only
+    the rest (a nightly shard that ran out of time mid-map starts where it stopped)."""
+    from mutation import run
+
+    built: list[str] = []
+
+    def build(pristine: Path, work: Path, groups: list[str], **_: Any) -> dict[str, Any]:
+        (group,) = groups
+        if group == "pause" and "pause" not in built:
+            built.append(group)
+            raise KeyboardInterrupt  # stopped while mapping its second group
+        built.append(group)
+        return {"code_version": "v", "scenarios": [],
+                "groups": {group: {"cases": [], "case_seconds": [], "failing": [], "lines": {}}}}
+
+    monkeypatch.setattr(casemap, "build", build)
+    with pytest.raises(KeyboardInterrupt):
+        run.prepare(REPO, tmp_path, ["sqlite", "pause", "interrupt"], log=lambda _line: None)
+    assert built == ["sqlite", "pause"]
+    state = run.prepare(REPO, tmp_path, ["sqlite", "pause", "interrupt"], log=lambda _line: None)
+    assert built == ["sqlite", "pause", "pause", "interrupt"]  # sqlite was not mapped again
+    assert sorted(state["map"]["groups"]) == ["interrupt", "pause", "sqlite"]
+    assert sorted(casemap.load(state["map_path"])["groups"]) == ["interrupt", "pause", "sqlite"]
 
 
 def test_the_oracle_learns_at_once_that_its_driver_is_gone() -> None:
