@@ -23,8 +23,8 @@ from typing import Any
 # response, so ids repeat across rounds and turns, power cuts (the code only a lost unsynced write
 # exercises), the PostgreSQL engine, and storage faults (a locked, read-only or corrupt session
 # database at each point: the code that fails a turn closed runs only then; the disk fault is left
-# out, it needs the right to mount). A storage case mostly waits (out the worker's busy budget, for
-# one), so that group runs more cases at once than the others (`jobs`: at least that many).
+# out, it needs the right to mount). A storage case spends most of its time waiting (on a locked
+# database, out the worker's busy budget), so that group runs more cases at once (`jobs`: at least).
 GROUPS: dict[str, dict[str, Any]] = {
     "sqlite": {"mode": "exhaustive"},
     "pause": {"mode": "pause"},
