@@ -1,6 +1,7 @@
 """scripts/mutation: the mutation score of the verdict.
 
-    scripts/mutation run [--shard I/N] [--module M ...] [--group G ...] [--work DIR] [--limit K]
+    scripts/mutation run [--shard I/N] [--module M ...] [--group G ...] [--work DIR] [--limit K] [--maps PATH ...]
+    scripts/mutation map [--group G ...] [--work DIR]
     scripts/mutation merge DIR_OR_FILE... [--out docs/figures/mutation.json]
     scripts/mutation render [--check]
 """
@@ -35,6 +36,16 @@ def _parser() -> argparse.ArgumentParser:
                      help="narrow the oracle to these scenarios (default every one; the figure says so)")
     run.add_argument("--source", type=Path, help="the tree to measure (default: this working tree); "
                      "a frozen copy keeps edits made meanwhile out of the run")
+    run.add_argument("--maps", type=Path, action="append", default=[],
+                     help="a case map built elsewhere (`map`), or a directory holding some: a group it maps "
+                     "for this code is not mapped again")
+    case_map = verbs.add_parser("map", help="build the case map of some groups only (the nightly workflow "
+                                "builds each group's on a runner of its own and gives them to the shards)")
+    case_map.add_argument("--group", action="append", choices=sorted(launch.GROUPS),
+                          help="campaign groups of the oracle; default all")
+    case_map.add_argument("--work", type=Path, default=Path(".mutation"))
+    case_map.add_argument("--scenario", action="append", help="narrow the campaigns to these scenarios")
+    case_map.add_argument("--source", type=Path, help="the tree to map (default: this working tree)")
     merge = verbs.add_parser("merge", help="join shard results into the figure")
     merge.add_argument("inputs", type=Path, nargs="+")
     merge.add_argument("--out", type=Path, default=FIGURE)
@@ -63,11 +74,20 @@ def _unwind_on_signals() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     root = tree.project_root()
+    groups = [g for g in launch.GROUPS if g in (getattr(args, "group", None) or launch.GROUPS)]
+    if args.verb == "map":
+        from mutation.run import open_work, prepare
+
+        work = (root / args.work).resolve()
+        open_work(work)
+        _unwind_on_signals()
+        state = prepare(args.source.resolve() if args.source else root, work, groups,
+                        log=lambda line: print(line, flush=True), scenarios=args.scenario)
+        print(f"case map: {state['map_path']}")
+        return 0
     if args.verb == "run":
         from mutation.run import run_shard
 
-        groups = args.group or list(launch.GROUPS)
-        groups = [g for g in launch.GROUPS if g in groups]
         core = tree.core_modules(root)
         unknown = [m for m in args.module or () if m not in core]
         if unknown:
@@ -77,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         _unwind_on_signals()
         out = run_shard(source, (root / args.work).resolve(), args.shard, args.module, groups,
                         log=lambda line: print(line, flush=True), limit=args.limit,
-                        scenarios=args.scenario)
+                        scenarios=args.scenario, given_maps=[(root / p).resolve() for p in args.maps])
         print(f"results: {out}")
         return 0
     if args.verb == "merge":

@@ -28,8 +28,10 @@ MIN_BUDGET, MAX_BUDGET = 60.0, 900.0
 
 
 def prepare(source: Path, work: Path, groups: list[str], log: Callable[[str], None],
-            scenarios: list[str] | None = None) -> dict[str, Any]:
-    """The shard's trees and case map (built again only when the code changed)."""
+            scenarios: list[str] | None = None, given: list[Path] = ()) -> dict[str, Any]:
+    """The shard's trees and case map (built again only when the code changed). `given`: case maps
+    built elsewhere (files, or directories holding them), e.g. by the nightly workflow's map jobs,
+    one per group; a group they map for this code version and scenarios is not mapped again."""
     files = tree.listed_files(source)
     mutant_tree = tree.copy_tree(source, work / "mutant", files)
     pristine = tree.copy_tree(source, work / "pristine", files)
@@ -43,6 +45,10 @@ def prepare(source: Path, work: Path, groups: list[str], log: Callable[[str], No
     suffix = "" if not scenarios else "-" + "+".join(sorted(scenarios))
     map_path = work / f"casemap-{version}{suffix}.json"
     the_map = casemap.load(map_path) if map_path.exists() else None
+    taken = _adopt(the_map, _map_files(given), version, scenarios, groups, log)
+    if taken is not None and taken is not the_map:
+        the_map = taken
+        casemap.save(the_map, map_path)
     missing = [g for g in groups if the_map is None or g not in the_map["groups"]]
     if missing:
         log(f"case map for code {version}: running {', '.join(missing)} under coverage")
@@ -59,6 +65,45 @@ def prepare(source: Path, work: Path, groups: list[str], log: Callable[[str], No
             log(f"left out of the oracle: {group} case {case} fails on the original code")
     return {"pristine": pristine, "mutant_tree": mutant_tree, "map_path": map_path, "map": the_map,
             "oracle": tree.oracle_version(pristine, files), "code": version}
+
+
+def _adopt(own: dict[str, Any] | None, files: list[Path], version: str, scenarios: list[str] | None,
+           groups: list[str], log: Callable[[str], None]) -> dict[str, Any] | None:
+    """`own` (None: no map yet) with the groups of `groups` it lacks taken from the maps in `files`
+    that were built from the same code version over the same scenarios; a map built from other code
+    is named and left alone (its lines are not this code's). Returns `own` itself when nothing was
+    taken. (Here, not in mutation.casemap: which maps a run reuses does not change a verdict.)"""
+    merged = own
+    for path in files:
+        try:
+            other = casemap.load(path)
+            theirs = (other["code_version"], sorted(other.get("scenarios") or []), other["groups"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log(f"case map {path} not used: unreadable ({exc})")
+            continue
+        if theirs[:2] != (version, sorted(scenarios or [])):
+            log(f"case map {path} not used: built from code {theirs[0]} over scenarios {theirs[1] or 'all'}, "
+                f"not this run's code {version} over {sorted(scenarios or []) or 'all'}")
+            continue
+        wanted = {g: m for g, m in theirs[2].items()
+                  if g in groups and (merged is None or g not in merged["groups"])}
+        if not wanted:
+            continue
+        log(f"case map of {', '.join(sorted(wanted))} taken from {path}")
+        if merged is None:
+            merged = {"code_version": version, "scenarios": scenarios or [], "groups": {}}
+        elif merged is own:
+            merged = dict(own, groups=dict(own["groups"]))
+        merged["groups"].update(wanted)
+    return merged
+
+
+def _map_files(given: list[Path]) -> list[Path]:
+    """The case map files named, each directory standing for the `casemap-*.json` files under it."""
+    files: list[Path] = []
+    for path in given:
+        files += sorted(path.rglob("casemap-*.json")) if path.is_dir() else [path]
+    return files
 
 
 def run_mutant(state: dict[str, Any], m: mutants.Mutant, budget: float) -> dict[str, Any]:
@@ -105,10 +150,10 @@ def budget_for(state: dict[str, Any], m: mutants.Mutant) -> float:
 
 def run_shard(source: Path, work: Path, shard: tuple[int, int], modules: list[str] | None,
               groups: list[str], log: Callable[[str], None] = print, limit: int | None = None,
-              scenarios: list[str] | None = None) -> Path:
+              scenarios: list[str] | None = None, given_maps: list[Path] = ()) -> Path:
     """Run this shard's mutants of `modules` (default: the whole core); write and return its results file."""
     open_work(work)
-    state = prepare(source, work, groups, log, scenarios)
+    state = prepare(source, work, groups, log, scenarios, given_maps)
     # The oracle's campaigns: which groups, over which scenarios (every one unless narrowed).
     oracle_scope = groups + [f"scenario:{s}" for s in sorted(scenarios or ())]
     # The oracle (and the campaign it runs) imports this package and the harness from the pristine copy.

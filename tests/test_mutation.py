@@ -173,6 +173,33 @@ def test_the_nightly_mutation_jobs_cover_every_shard_and_merge_them() -> None:
     assert args.verb == "merge" and merge["needs"] == "mutation"
 
 
+def test_the_nightly_shards_run_on_case_maps_built_once_per_group() -> None:
+    """Job `mutation-map` maps each oracle group on a runner of its own; every shard waits for it and
+    is given what it uploaded, so no shard maps a group again unless that group's job left no map."""
+    import re
+    import shlex
+
+    import yaml
+
+    from mutation.__main__ import _parser
+
+    flow = yaml.safe_load((REPO / ".github" / "workflows" / "chaos-nightly.yml").read_text())
+    mapper, shard = flow["jobs"]["mutation-map"], flow["jobs"]["mutation"]
+    groups = mapper["strategy"]["matrix"]["group"]
+    assert sorted(groups) == sorted(launch.GROUPS)
+    command = next(s for s in mapper["steps"] if s.get("name") == "Map the group")["run"]
+    for group in groups:
+        line = re.search(r"scripts/mutation (map .*)", command).group(1).replace("$GROUP", group)
+        assert _parser().parse_args(shlex.split(line)).group == [group]
+    uploaded = next(s for s in mapper["steps"] if s.get("name") == "Upload the group's case map")["with"]
+    downloaded = next(s["with"] for s in shard["steps"] if "download-artifact" in s.get("uses", ""))
+    assert uploaded["name"].replace("${{ matrix.group }}", "*") == downloaded["pattern"]
+    assert shard["needs"] == "mutation-map"
+    run = next(s for s in shard["steps"] if s.get("name") == "Run the mutation shard")["run"]
+    line = re.search(r"scripts/mutation (run .*)", run).group(1).replace("$SHARD", "1")
+    assert _parser().parse_args(shlex.split(line)).maps == [Path(downloaded["path"])]
+
+
 # ------------------------------------------------------------ the CI sample
 # Real durability bugs, each made by one of cosmic-ray's operators on one line of the core, and a
 # case of the campaign that must catch it: (module, operator, the line's text, oracle group, case id).
@@ -325,6 +352,38 @@ def test_the_case_map_is_kept_group_by_group(tmp_path: Path, monkeypatch: pytest
     state = run.prepare(REPO, tmp_path, ["sqlite", "pause", "interrupt"], log=lambda _line: None)
     assert built == ["sqlite", "pause", "pause", "interrupt"]  # sqlite was not mapped again
     assert sorted(state["map"]["groups"]) == ["interrupt", "pause", "sqlite"]
+    assert sorted(casemap.load(state["map_path"])["groups"]) == ["interrupt", "pause", "sqlite"]
+
+
+def test_a_run_takes_the_groups_other_jobs_mapped_for_its_code_and_maps_only_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Maps given to a run (files, or directories holding them) stand for their groups when they were
+    built from this code over the same scenarios; one built from other code is named and not used."""
+    from mutation import run
+
+    built: list[str] = []
+
+    def build(pristine: Path, work: Path, groups: list[str], **_: Any) -> dict[str, Any]:
+        built.extend(groups)
+        return {"code_version": tree.code_version(pristine, tree.listed_files(pristine)), "scenarios": [],
+                "groups": {g: {"cases": [f"{g}/fault-free"], "case_seconds": [1.0], "failing": [], "lines": {}}
+                           for g in groups}}
+
+    monkeypatch.setattr(casemap, "build", build)
+    elsewhere = tmp_path / "maps"
+    for group in ("sqlite", "pause"):  # two map jobs, each on its own runner, each in its own work directory
+        run.prepare(REPO, elsewhere / group, [group], log=lambda _line: None)
+    assert built == ["sqlite", "pause"]
+    stale = elsewhere / "old" / "casemap-0000.json"
+    stale.parent.mkdir(parents=True)
+    casemap.save({"code_version": "0000", "scenarios": [],
+                  "groups": {"interrupt": {"cases": [], "case_seconds": [], "failing": [], "lines": {}}}}, stale)
+    said: list[str] = []
+    state = run.prepare(REPO, tmp_path / "shard", ["sqlite", "pause", "interrupt"], log=said.append,
+                        given=[elsewhere])
+    assert built == ["sqlite", "pause", "interrupt"]  # only the group no usable map held
+    assert state["map"]["groups"]["pause"]["cases"] == ["pause/fault-free"]
+    assert any(str(stale) in line and "not used" in line for line in said), said
     assert sorted(casemap.load(state["map_path"])["groups"]) == ["interrupt", "pause", "sqlite"]
 
 
