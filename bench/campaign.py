@@ -2,8 +2,8 @@
 
 Also: the pool's floor (no-op worker cycles per second) against bare fork()s of this process,
 where a campaign's CPU goes per case (template, workers, supervisor, checker), the demo's whole
-campaign against that floor, and upstream hermes-agent's exhaustive campaign against ours on the
-same scenarios.
+campaign against that floor, the same campaign on PostgreSQL and with power cuts against SQLite
+process kills, and upstream hermes-agent's exhaustive campaign against ours on the same scenarios.
 """
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ DEMO_WALL_S = 10.0      # `./scripts/demo`'s campaign: every scenario, exhaustiv
 UPSTREAM_SCENARIOS = ["single-tool", "writes"]
 USER_TARGET = "example-loop-fixed"  # a target of one's own, two files (examples/custom_target)
 USER_TARGET_RATIO = 1.5  # at most this many of our cases' cost for one of a user's target
+POSTGRES_RATIO = 2.0     # a case on PostgreSQL costs at most this many of the same case on SQLite
+POWER_CUT_RATIO = 1.5    # a case whose kill is a power cut costs at most this many process-kill cases
 
 
 def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: bool = True) -> tuple[float, float]:
@@ -250,6 +252,7 @@ def bench_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: 
                                f"commits and model requests, and the check; 1-minute load {floor.load}"))
     bench_demo_campaign(report, bench_dir, scenarios, jobs, limit, reference)
     bench_user_target(report, bench_dir, jobs, limit)
+    bench_store_and_power_cuts(report, bench_dir, jobs, limit)
     bench_upstream_campaign(report, bench_dir, jobs, upstream_limit)
 
 
@@ -283,6 +286,54 @@ def bench_user_target(report: Report, bench_dir: Path, jobs: int, limit: int | N
                            f"jobs={jobs}; the same scenario, kills and checks"))
 
 
+def bench_store_and_power_cuts(report: Report, bench_dir: Path, jobs: int, limit: int | None) -> None:
+    """The same exhaustive single-tool campaign (self kills) on SQLite, on PostgreSQL, with every
+    landed kill a power cut, and on SQLite again, in that order, so that drift in the machine's load
+    hits the two SQLite runs on either side: each of the other two is judged by its cost per warm
+    case against their mean. A variant this machine cannot run gets a row saying why."""
+    from supervisor.chaos.nemesis.lazyfs import why_unavailable
+    from supervisor.chaos.pgstore import StoreUnavailable, check_runnable
+
+    variants = {"on PostgreSQL vs SQLite": ({"store": "postgres"}, POSTGRES_RATIO,
+                                            "a private PostgreSQL server (testkit.pgcluster), each case a database of "
+                                            "its own on it, fsync and synchronous_commit on"),
+                "power cut vs process kill": ({"faults": ("power-loss",)}, POWER_CUT_RATIO,
+                                              "each case's state on the lazy file system, each landed kill a power "
+                                              "cut (unsynced writes dropped, remount, recover); `python -m bench "
+                                              "--only powerloss` says where its extra time goes")}
+    why_not: dict[str, str] = {}
+    try:
+        check_runnable(CampaignConfig(scenarios=["single-tool"], store="postgres"))
+    except StoreUnavailable as exc:
+        why_not["on PostgreSQL vs SQLite"] = str(exc)
+    if (lazyfs := why_unavailable()) is not None:
+        why_not["power cut vs process kill"] = lazyfs
+    runnable = [name for name in variants if name not in why_not]
+    per_case: dict[str, float | None] = {}
+    bad: dict[str, int] = {}
+    order = ["SQLite", *runnable, "SQLite again"] if runnable else []
+    for name in order:
+        options = variants[name][0] if name in variants else {}
+        run = _campaign(bench_dir, ["single-tool"], jobs, limit, **options)
+        rate = _warm_rate(run)
+        per_case[name] = 1000 / rate if rate else None
+        bad[name] = sum(r.verdict.valid is not True for r in run.results)
+    sqlite = [v for k, v in per_case.items() if k.startswith("SQLite") and v is not None]
+    reference = sum(sqlite) / len(sqlite) if sqlite else None
+    for name, (_, goal, what) in variants.items():
+        label = f"campaign single-tool {name}: cost per case"
+        if name in why_not:
+            report.add(Figure(label, None, "ms", note=f"not run here: {why_not[name]}"))
+            continue
+        value = per_case.get(name)
+        ratio = value / reference if value is not None and reference else None
+        report.add(Figure(label, value, "ms", reference, ratio=ratio, target=f"<= {goal}x",
+                          passed=ratio is not None and ratio <= goal and not bad[name],
+                          note=f"{what}; ms per warm case, against the mean of two SQLite process-kill runs "
+                               f"before and after ({', '.join(f'{v:.1f}' for v in sqlite)} ms); jobs={jobs}"
+                               + (f"; {bad[name]} case(s) not valid" if bad[name] else "")))
+
+
 def bench_demo_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: int, limit: int | None,
                         floor: float) -> None:
     """The campaign `./scripts/demo` runs (every scenario, exhaustive, one pool), whole: what a new
@@ -301,10 +352,11 @@ def bench_demo_campaign(report: Report, bench_dir: Path, scenarios: list[str], j
 
 
 def _campaign(bench_dir: Path, scenarios: list[str], jobs: int, limit: int | None,
-              kill_modes: tuple[str, ...] = ("self",), target: str = "hermes") -> CampaignRun:
+              kill_modes: tuple[str, ...] = ("self",), target: str = "hermes", **options: Any) -> CampaignRun:
+    """One exhaustive campaign in-process; `options`: more CampaignConfig fields (store, faults)."""
     work = Path(tempfile.mkdtemp(prefix=f"campaign-{'+'.join(scenarios)}-", dir=bench_dir))
     config = CampaignConfig(scenarios=scenarios, mode="exhaustive", jobs=jobs, workdir=work, keep=False,
-                            limit=limit, kill_modes=kill_modes, target=target)
+                            limit=limit, kill_modes=kill_modes, target=target, **options)
     try:
         return measure_campaign(config)
     finally:
