@@ -16,7 +16,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hermes.private_files import make_private_dirs, replace_file_durably
 from mutation import casemap, launch, mutants, tree
@@ -28,7 +28,7 @@ MIN_BUDGET, MAX_BUDGET = 60.0, 900.0
 
 
 def prepare(source: Path, work: Path, groups: list[str], log: Callable[[str], None],
-            scenarios: list[str] | None = None, given: list[Path] = ()) -> dict[str, Any]:
+            scenarios: list[str] | None = None, given: Sequence[Path] = ()) -> dict[str, Any]:
     """The shard's trees and case map (built again only when the code changed). `given`: case maps
     built elsewhere (files, or directories holding them), e.g. by the nightly workflow's map jobs,
     one per group; a group they map for this code version and scenarios is not mapped again."""
@@ -98,7 +98,7 @@ def _adopt(own: dict[str, Any] | None, files: list[Path], version: str, scenario
     return merged
 
 
-def _map_files(given: list[Path]) -> list[Path]:
+def _map_files(given: Sequence[Path]) -> list[Path]:
     """The case map files named, each directory standing for the `casemap-*.json` files under it."""
     files: list[Path] = []
     for path in given:
@@ -150,7 +150,7 @@ def budget_for(state: dict[str, Any], m: mutants.Mutant) -> float:
 
 def run_shard(source: Path, work: Path, shard: tuple[int, int], modules: list[str] | None,
               groups: list[str], log: Callable[[str], None] = print, limit: int | None = None,
-              scenarios: list[str] | None = None, given_maps: list[Path] = ()) -> Path:
+              scenarios: list[str] | None = None, given_maps: Sequence[Path] = ()) -> Path:
     """Run this shard's mutants of `modules` (default: the whole core); write and return its results file."""
     open_work(work)
     state = prepare(source, work, groups, log, scenarios, given_maps)
