@@ -3,7 +3,8 @@ as printed, the performance targets and where a recovery's time goes (every figu
 table, so the prose cannot disagree with the table it repeats), and the long memory run.
 
 Stores: ``docs/figures/bench.json`` (the full bench's printed table, verbatim, with the date it
-ran: the newest run first, then the one before it, a run at another load for comparison) and
+ran: the newest run first, then the one before it, a run at another load for comparison, and the
+newest run that measured upstream's rows when neither of those did) and
 ``docs/figures/memory.json`` (the long memory check's figures).
 """
 from __future__ import annotations
@@ -41,10 +42,17 @@ UPSTREAM_WALL = "campaign upstream hermes-agent, exhaustive single-tool+writes: 
 GROWTH = "flush 1 msg, 10,000 rows vs 10 rows, NORMAL"
 UPSTREAM_GROWTH = "upstream hermes-agent flush, 10,000 rows vs 10 rows"
 RSS = re.compile(r"supervisor RSS, random campaign: at 100% vs 10% of (\d+) cases")
+# Rows a run made where hermes-agent is not installed skips, shown from the newest run that measured them.
+MEASURED_ELSEWHERE = (UPSTREAM_WALL, UPSTREAM_GROWTH)
 # The floor rows a run measures beside its targets (bench/floor.py); a run from before them has none.
 RECOVERY_FLOOR = "recovery: kill -> resumed model request vs the machine's floor"
 POOL_FLOOR = "pool floor vs the warm-template fork floor, jobs=2"
 SINGLE_FLOOR = "campaign single-tool vs the warm-template fork floor"
+# The same campaign on PostgreSQL and with power cuts, against SQLite process kills (a run from
+# before them has neither; a machine that cannot run one says why in its note).
+VARIANTS = (("a case on PostgreSQL", "the same case on SQLite",
+             "campaign single-tool on PostgreSQL vs SQLite: cost per case"),
+            ("a power-cut case", "a process-kill case", "campaign single-tool power cut vs process kill: cost per case"))
 # What a stage spends, for the stages whose name does not say it.
 STAGE_GLOSS = {"running -> resume begins (open, lease)": "running → resume begins (open the database, take the lease, "
                                                          "an fsynced commit)",
@@ -144,12 +152,24 @@ def met(*rows: Row) -> str:
 
 def store_bench_run(output: str, store: Path = BENCH_STORE, command: str = BENCH_COMMAND,
                     date: str | None = None) -> dict[str, Any]:
-    """Put a full bench's printed output first in the store; keep the run before it (KEEP_RUNS in all)."""
+    """Put a full bench's printed output first in the store; keep the run before it (KEEP_RUNS in all),
+    and, for each row the block shows from the newest run that measured it (MEASURED_ELSEWHERE), the
+    newest older run that did when the kept ones did not."""
     parse_table(output)  # refuse what the renderers could not read
-    runs = read_json(store)["runs"] if store.exists() else []
-    stored = {"runs": [{"command": command, "date": date or today(), "output": output.strip()}, *runs][:KEEP_RUNS]}
+    runs = [{"command": command, "date": date or today(), "output": output.strip()},
+            *(read_json(store)["runs"] if store.exists() else [])]
+    kept = runs[:KEEP_RUNS]
+    for name in MEASURED_ELSEWHERE:
+        if not any(_measures(run, name) for run in kept):
+            kept += [run for run in runs[KEEP_RUNS:] if _measures(run, name) and run not in kept][:1]
+    stored = {"runs": kept}
     write_json(store, stored)
     return stored
+
+
+def _measures(run: dict[str, Any], name: str) -> bool:
+    rows = parse_table(run["output"]).rows
+    return name in rows and rows[name].result != "SKIP"
 
 
 def memory_from_bench_json(data: dict[str, Any], command: str = MEMORY_COMMAND,
@@ -242,6 +262,7 @@ def render_performance(store: dict[str, Any], memory: dict[str, Any], upstream: 
          f"{demo_cases / number(demo.value):.1f} cases/s where {demo_limit:.0f} s needs "
          f"{demo_cases / demo_limit:.0f}/s; as many no-op cycles at the pool's floor take {demo.reference} "
          f"({times(demo.ratio)})"),
+        *[_variant(table, what, against, name) for what, against, name in VARIANTS if name in table.rows],
         (f"upstream exhaustive single-tool + writes {target(upstream_wall.target)}",
          upstream_wall.value + _dated(wall_date, run), met(upstream_wall), ""),
         ("double mode on hermes-agent runs to the end, in the generated table",
@@ -291,12 +312,24 @@ def render_performance(store: dict[str, Any], memory: dict[str, Any], upstream: 
     return "\n".join(lines)
 
 
+def _variant(table: Table, what: str, against: str, name: str) -> tuple[str, str, str, str]:
+    """The targets table's row of a campaign variant judged against SQLite process kills: why it
+    missed, from its note (where its time went, measured in the same run, or where to look)."""
+    row, note = table.row(name), table.notes.get(name, "")
+    if row.value == "-":
+        return (f"{what} against {against}", "not measured", "no", note)
+    found = [m.group(0) for m in (re.search(r"the checker's images[^;]*", note),
+                                  re.search(r"CPU ms per warm case: [^;]*", note),
+                                  re.search(r"`python -m bench --only powerloss`[^;]*", note)) if m]
+    return (f"{what} {target(row.target)} {against}", f"{row.value}, {times(row.ratio)}", met(row),
+            "; ".join([f"{row.value} against {row.reference}", *found]))
+
+
 def measured(runs: list[dict[str, Any]], name: str) -> tuple[Row, str]:
     """Row `name` of the newest stored run that measured it (not skipped), with that run's date."""
     for stored in runs:
-        rows = parse_table(stored["output"]).rows
-        if name in rows and rows[name].result != "SKIP":
-            return rows[name], stored["date"]
+        if _measures(stored, name):
+            return parse_table(stored["output"]).row(name), stored["date"]
     raise KeyError(f"no stored bench run measured {name!r}")
 
 

@@ -102,18 +102,38 @@ def _measuring_run(store: dict[str, Any], name: str) -> int:
 def test_a_row_a_run_skipped_is_shown_from_the_run_that_measured_it_with_its_date() -> None:
     name = bench_figures.UPSTREAM_WALL
     store = copy.deepcopy(_bench_store())
-    newest, before = store["runs"]
+    newest, *older = store["runs"]
     lines = newest["output"].splitlines()
     if any(line.startswith(name + "  ") for line in lines):  # the newest run skips it, as one without upstream does
         newest["output"] = "\n".join("  ".join([name, "-", "-", "-", "-", "SKIP"]) if line.startswith(name + "  ")
                                      else line for line in lines)
+    before = next(run for run in older if bench_figures._measures(run, name))
     before["date"] = "2020-02-02"
     row, date = bench_figures.measured(store["runs"], name)
     assert date == "2020-02-02" and row.result != "SKIP"
     assert f"| {row.value}, measured 2020-02-02 |" in _performance(store)
-    before["output"] = before["output"].replace(name + "  ", "a row no run has  ", 1)
+    for run in older:
+        run["output"] = run["output"].replace(name + "  ", "a row no run has  ", 1)
     with pytest.raises(KeyError):
         bench_figures.measured(store["runs"], name)
+
+
+def test_a_campaign_variant_is_a_target_row_with_what_held_it_or_why_it_did_not_run() -> None:
+    """The PostgreSQL and power-cut rows of the targets table: the value against SQLite and, when the
+    goal is missed, what the same run measured of where the time went; a machine that could not run
+    the variant says why instead of a number."""
+    what, against, name = bench_figures.VARIANTS[0]
+    row = bench_figures.Row(name, "197.1 ms", "66.2 ms", "2.98x", "<= 2.0x", "FAIL")
+    table = bench_figures.Table("", {name: row}, {name: "a server; the checker's images of each case's database: "
+                                                        "5.9 a case at 17.6 ms each; CPU ms per warm case: workers 90"})
+    label, value, met, why = bench_figures._variant(table, what, against, name)
+    assert label == f"{what} ≤ 2.0× the same case on SQLite" and value == "197.1 ms, 2.98×" and met == "no"
+    assert why == ("197.1 ms against 66.2 ms; the checker's images of each case's database: 5.9 a case at 17.6 ms "
+                   "each; CPU ms per warm case: workers 90")
+    unavailable = bench_figures.Table("", {name: bench_figures.Row(name, "-", "-", "-", "-", "-")},
+                                      {name: "not run here: psycopg is not installed"})
+    assert bench_figures._variant(unavailable, what, against, name)[1:] == ("not measured", "no",
+                                                                   "not run here: psycopg is not installed")
 
 
 def test_every_bench_cell_the_performance_block_shows_changes_it() -> None:
@@ -132,7 +152,9 @@ def test_every_bench_cell_the_performance_block_shows_changes_it() -> None:
             *[(m.string, ("value", "reference", "result")) for m, _ in table.matching(bench_figures.DEMO)],
             *[(m.string, ("ratio", "result")) for m, _ in table.matching(bench_figures.RSS)],
             *[(m.string, ("value",)) for m, _ in table.matching(bench_figures.SCENARIO_RATE)
-              if m.group(1) in ("writes", "multi-turn-compaction")]]
+              if m.group(1) in ("writes", "multi-turn-compaction")],
+            *[(name, ("value", "reference", "ratio", "result")) for _, _, name in bench_figures.VARIANTS
+              if name in table.rows]]
     for name, columns in used:
         for column in columns:
             assert _performance(_with_cell(store, name, column)) != base, (name, column)
@@ -286,6 +308,23 @@ def test_a_stored_bench_run_goes_first_and_keeps_the_one_before(tmp_path: Path) 
     assert [r["date"] for r in runs] == ["2027-01-03", "2027-01-02"] and "919.8 ms" in runs[0]["output"]
     with pytest.raises(ValueError):
         bench_figures.store_bench_run("no table here", store)  # never stores what cannot be rendered
+
+
+def test_the_newest_run_that_measured_upstream_stays_while_newer_runs_skip_it(tmp_path: Path) -> None:
+    """A machine without hermes-agent skips upstream's rows; the block shows them from the newest run
+    that measured them, which must then outlive the two runs a store keeps."""
+    runs = _bench_store()["runs"]
+    measuring = next(r for r in runs if bench_figures._measures(r, bench_figures.UPSTREAM_WALL))
+    skipping = next(r for r in runs if not bench_figures._measures(r, bench_figures.UPSTREAM_WALL))
+    store = tmp_path / "bench.json"
+    bench_figures.store_bench_run(measuring["output"], store, date="2027-01-01")
+    for day in ("2027-01-02", "2027-01-03", "2027-01-04"):
+        bench_figures.store_bench_run(skipping["output"], store, date=day)
+    kept = json.loads(store.read_text())["runs"]
+    assert [r["date"] for r in kept] == ["2027-01-04", "2027-01-03", "2027-01-01"]
+    assert bench_figures.measured(kept, bench_figures.UPSTREAM_WALL)[1] == "2027-01-01"
+    bench_figures.store_bench_run(measuring["output"], store, date="2027-01-05")  # measured again: the old one goes
+    assert [r["date"] for r in json.loads(store.read_text())["runs"]] == ["2027-01-05", "2027-01-04"]
 
 
 # ---------------------------------------------------------------------------- prose against its table
