@@ -225,8 +225,8 @@ class HeldLock(Fault):
         self.holder.wait(timeout=10)
 
     def cleanup(self) -> None:
-        if self.holder is not None and self.holder.poll() is None:
-            os.kill(self.holder.pid, 9)
+        if self.holder is not None:
+            self.holder.kill()  # by its recorded pid, and not at all once it was reaped
             self.holder.wait(timeout=10)
 
     def check_error(self, error: str) -> None:
@@ -426,11 +426,13 @@ def test_locked_patience_is_the_configured_budget(tmp_path: Path, server, agent_
     """A longer busy budget outlasts a lock that a shorter one gives up on."""
     fault = HeldLock(tmp_path)
     bench = Bench(tmp_path / "state.db", server.base_url, busy_budget_s=5.0)
+    releasers: list[threading.Timer] = []
     try:
         def strike(_ctx: dict[str, Any]) -> None:
             fault.inject(bench)
             # The holder lets go well inside the budget: the agent waits it out instead of failing.
-            threading.Timer(0.4, fault.restore, args=(bench,)).start()
+            releasers.append(threading.Timer(0.4, fault.restore, args=(bench,)))
+            releasers[-1].start()
 
         recorder.on("model.response", strike)
         started = time.monotonic()
@@ -438,6 +440,8 @@ def test_locked_patience_is_the_configured_budget(tmp_path: Path, server, agent_
         assert result["completed"] is True, result
         assert time.monotonic() - started >= 0.35
     finally:
+        for releaser in releasers:  # its restore reaps the holder: the clean-up must come after it, not beside it
+            releaser.join()
         bench.close()
         fault.cleanup()
 
