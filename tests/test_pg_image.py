@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pgfixtures import pg_cluster, pg_url  # noqa: F401  (pytest finds fixtures by name)
 
 from hermes.state import SessionDB
@@ -200,6 +201,45 @@ def test_a_concurrent_writer_never_tears_an_image(pg_url: str, tmp_path: Path) -
 def _check(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "supervisor", "check", "--json", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "NO_PROXY": "*"})
+
+
+def test_an_imager_keeps_its_connection_and_makes_a_new_one_when_the_server_dropped_it(
+        pg_url: str, tmp_path: Path) -> None:  # noqa: F811
+    """Images one after another are read by one server process; when the server ends that process
+    (as a restart does), that image fails as a lost connection, which a caller retries, and the
+    next one connects afresh. An imager closed keeps nothing: its next image connects again."""
+    import psycopg
+
+    from hermes.store.pg.image import APPLICATION_NAME, Imager, StoreUnreadable
+
+    _fill(pg_url)
+
+    def readers() -> set[int]:  # a backend that was told to end may still be listed for a moment
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            return {pid for (pid,) in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (APPLICATION_NAME,))}
+
+    imager = Imager(pg_url)
+    try:
+        first = imager.copy_to_sqlite(tmp_path / "1.db", durable=False)
+        (kept,) = readers()
+        imager.copy_to_sqlite(tmp_path / "2.db", durable=False)
+        assert readers() == {kept}
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", (kept,))  # waits until it is gone
+        with pytest.raises(StoreUnreadable) as lost:
+            imager.copy_to_sqlite(tmp_path / "3.db", durable=False)
+        assert lost.value.cause == "connection"
+        again = imager.copy_to_sqlite(tmp_path / "4.db", durable=False)
+        (fresh,) = readers() - {kept}
+        with sqlite3.connect(first) as a, sqlite3.connect(again) as b:
+            assert a.execute("SELECT * FROM messages ORDER BY id").fetchall() == \
+                b.execute("SELECT * FROM messages ORDER BY id").fetchall()
+        imager.close()
+        imager.copy_to_sqlite(tmp_path / "5.db", durable=False)
+        assert readers() - {kept, fresh}
+    finally:
+        imager.close()
 
 
 def test_check_store_judges_a_snapshot_of_the_server(pg_url: str) -> None:  # noqa: F811

@@ -231,12 +231,15 @@ class CaseDatabase:
     """One case's database `name` on `cluster`, and images of it in the case's directory `case_dir`."""
 
     def __init__(self, cluster: PgCluster, case_dir: Path, name: str) -> None:
+        from hermes.store.pg.image import Imager
+
         self.cluster = cluster
         self.case_dir = case_dir
         self.name = name
         self.url = cluster.dsn(name)
         self._images = itertools.count(1)
         self._lock = threading.Lock()
+        self._imager = Imager(self.url)  # its connections kept from image to image (`close_images`)
 
     def admin(self) -> Any:
         """A new autocommit connection to the cluster's own ``postgres`` database (close it)."""
@@ -244,18 +247,23 @@ class CaseDatabase:
 
     def drop(self) -> str | None:
         """`drop_database` of this one."""
+        self.close_images()
         return drop_database(self.cluster, self.name)
+
+    def close_images(self) -> None:
+        """Close the connections the images of this database keep (before it is dropped or given back)."""
+        self._imager.close()
 
     # ------------------------------------------------------------------ images
     def image_to(self, path: Path, *, durable: bool = False) -> Path:
         """An image of the database now, at `path` (see the module docstring). A server that is
         restarting is waited for, up to IMAGE_PATIENCE_S; what it holds once back is the state."""
-        from hermes.store.pg.image import StoreUnreadable, copy_to_sqlite
+        from hermes.store.pg.image import StoreUnreadable
 
         deadline = time.monotonic() + IMAGE_PATIENCE_S
         while True:
             try:
-                return copy_to_sqlite(self.url, path, durable=durable)
+                return self._imager.copy_to_sqlite(path, durable=durable)
             except StoreUnreadable as exc:
                 if exc.cause != "connection" or time.monotonic() > deadline:
                     raise

@@ -443,6 +443,7 @@ class CaseRunner:
 
     def _drop_database(self, pg: CaseDatabase) -> None:
         if self.databases is not None and pg.cluster is self.databases.cluster:
+            pg.close_images()
             self.databases.give_back(pg.name)  # dropped on the campaign's own time
             return
         left = pg.drop()  # now: a server lent to this case is lent to another next

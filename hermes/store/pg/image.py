@@ -79,6 +79,46 @@ def copy_to_sqlite(url: str, path: Path, session_id: str | None = None, *, durab
     Raises :class:`StoreUnreadable` (a ``StorageError``) when the server cannot be read; its
     message names the store by its URL without the password.
     """
+    with Imager(url) as imager:
+        return imager.copy_to_sqlite(path, session_id, durable=durable)
+
+
+class Imager:
+    """Images of the store at `url` (``copy_to_sqlite``, same arguments but the URL), made on kept
+    connections: a new connection is a new server process, 3.5 ms of an image's 14 ms on 2 cores
+    (2026-12-07). Each connection serves one image at a time, so images may be made from several
+    threads at once; one that failed is closed, and the next image connects afresh. Close it (or
+    use it as a context manager) to close what it keeps."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Imager:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def copy_to_sqlite(self, path: Path, session_id: str | None = None, *, durable: bool = True) -> Path:
+        with self._lock:
+            kept = self._idle.pop() if self._idle else None
+        path, conn = _image(self.url, kept, path, session_id, durable)
+        with self._lock:
+            self._idle.append(conn)
+        return path
+
+
+def _image(url: str, conn: Any, path: Path, session_id: str | None, durable: bool) -> tuple[Path, Any]:
+    """`copy_to_sqlite` through `conn` (None: a new connection); returns `path` and the connection,
+    open for the next image. On any failure the connection is closed."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.image")
     _remove(temporary)
@@ -91,7 +131,7 @@ def copy_to_sqlite(url: str, path: Path, session_id: str | None = None, *, durab
             image.execute("PRAGMA journal_mode = OFF")
             image.execute("PRAGMA synchronous = OFF")
             image.execute("BEGIN")
-            _copy(url, session_id, image, temporary)
+            conn = _copy(url, conn, session_id, image, temporary)
             image.execute("COMMIT")
         finally:
             image.close()
@@ -102,30 +142,40 @@ def copy_to_sqlite(url: str, path: Path, session_id: str | None = None, *, durab
             fsync_dir(path.parent)
     except BaseException:
         _remove(temporary)
+        if conn is not None:
+            conn.close()  # closing twice is harmless: _copy closes one it failed on
         raise
-    return path
+    return path, conn
 
 
-def _copy(url: str, session_id: str | None, image: sqlite3.Connection, where: Path) -> None:
-    """Read the store in one snapshot and insert its rows into `image` (inside its transaction)."""
-    connected = False
+def _copy(url: str, conn: Any, session_id: str | None, image: sqlite3.Connection, where: Path) -> Any:
+    """Read the store in one snapshot, through `conn` (None: a new connection), and insert its rows
+    into `image` (inside its transaction); returns the connection. On a failure it is closed."""
     check(url)
     try:
-        with psycopg.connect(url, autocommit=True, client_encoding="UTF8", connect_timeout=CONNECT_TIMEOUT_S,
-                             application_name=APPLICATION_NAME) as conn, conn.cursor() as cur:
-            connected = True
-            # The snapshot is taken by the first statement after BEGIN: every read below sees it.
-            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            try:
-                _copy_rows(cur, session_id, image, where)
-            finally:
-                if not conn.broken:
-                    cur.execute("ROLLBACK")  # read-only: nothing to keep, and the snapshot is let go at once
+        if conn is None:
+            conn = psycopg.connect(url, autocommit=True, client_encoding="UTF8", connect_timeout=CONNECT_TIMEOUT_S,
+                                   application_name=APPLICATION_NAME)
+        try:
+            with conn.cursor() as cur:
+                # The snapshot is taken by the first statement after BEGIN: every read below sees it.
+                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                try:
+                    _copy_rows(cur, session_id, image, where)
+                finally:
+                    if not conn.broken:
+                        cur.execute("ROLLBACK")  # read-only: nothing to keep, and the snapshot is let go at once
+        except BaseException:
+            conn.close()
+            raise
+        return conn
     except psycopg.Error as exc:
         sqlstate = getattr(exc, "sqlstate", None)
         message = hide(" ".join(((exc.diag.message_primary if sqlstate else None) or str(exc)).split()), url)
-        # A connection never made is said by libpq in words of its own, with no SQLSTATE.
-        cause = failure.cause_for(sqlstate, message, connection_lost=not connected and sqlstate is None)
+        # A connection never made, or a kept one the server dropped meanwhile (a restart), is said by
+        # libpq in words of its own, with no SQLSTATE.
+        lost = sqlstate is None and (conn is None or conn.broken)
+        cause = failure.cause_for(sqlstate, message, connection_lost=lost)
         raise StoreUnreadable(f"{redact(url)}: cannot read the PostgreSQL store ({cause}): {message}", cause) from exc
 
 
