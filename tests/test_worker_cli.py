@@ -225,7 +225,7 @@ def test_a_write_lock_taken_mid_turn_ends_it_closed_as_locked(server: ScriptedMo
     assert out["turn_exit_reason"] == "session_persistence_failed"
     assert out["failure_reason"] == "session_persistence_failed:locked"
     assert "busy" in out["error"].lower() and "disk" not in out["error"].lower()
-    assert done.of_type("outcome") == [{"type": "outcome", "result": out}]
+    assert [f["result"] for f in done.of_type("outcome")] == [out]
     # Closed: after the lock, no tool effect, no projection.
     assert [f["type"] for f in frames_after_lock if f["type"] in ("ui", "effect")] == []
     state = read_durable(db, "s-midlock")
@@ -290,6 +290,15 @@ def test_control_channel_hello_probes_acked_ui_and_outcome(server: ScriptedModel
                 worker.ack(frame)
             else:
                 assert kind == "outcome", frame
+                # The final answer is a projection too: the worker waits for this ack with its
+                # database still open, so the supervisor checks the answer before the worker's
+                # last close checkpoints and deletes the WAL.
+                assert "seq" in frame, "the final answer is reported without waiting for its ack"
+                assert db.with_name(db.name + "-wal").exists(), "the worker let go of its database"
+                rows = read_durable(db, "s-ctl").rows
+                assert frame["result"]["final_response"] in [r["content"] for r in rows
+                                                             if r["role"] == "assistant" and not r["tool_calls"]]
+                worker.ack(frame)
             previous = frame
         assert previous["type"] == "outcome", "the outcome frame comes last"
         done = worker.finish()

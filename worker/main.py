@@ -336,7 +336,17 @@ def _report(args: argparse.Namespace, link: SupervisorLink | None, out: dict[str
     print(json.dumps(out, ensure_ascii=False, default=str), flush=True)
     if link is not None:
         link.finished = True
-        link.report({"type": "outcome", "result": out})
+        message = {"type": "outcome", "result": out}
+        if out.get("final_response") is None:
+            link.report(message)
+        else:
+            try:
+                # A final answer is a projection, acknowledged as a UI one is: the supervisor checks it
+                # against the database while this worker still holds it open (a worker letting go of
+                # its database checkpoints and deletes the WAL under that check).
+                link.request(message)
+            except ChannelClosed:
+                pass  # the supervisor is gone; the outcome is printed above all the same
     return EXIT_OK if out["outcome"] in ("completed", "nothing to resume") else EXIT_TURN_FAILED
 
 

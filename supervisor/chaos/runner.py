@@ -190,6 +190,8 @@ class CaseRunner:
                                                     result.get("final_response"))
             shown = {"durable": durable, "witness": witness}
         self.history.record("outcome", incarnation=proc.incarnation, result=result, **shown)
+        if "seq" in msg:  # the worker holds its database open until this ack
+            proc.send({"type": "ack", "seq": msg["seq"]})
 
     def _repro_flags(self) -> tuple[str, ...]:
         flags = []

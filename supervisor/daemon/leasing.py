@@ -94,6 +94,8 @@ class Leasing:
             if lease is not None:
                 lease.outcome = msg.get("result")
             self.daemon.metrics.note_outcome(msg.get("result"))
+            if "seq" in msg:  # the worker waits for this before it lets go of its database
+                proc.send({"type": "ack", "seq": msg["seq"]})
 
     def on_log(self, proc: WorkerProcess, line: bytes) -> None:
         text = line.decode("utf-8", "replace").rstrip()

@@ -29,6 +29,11 @@ def _claims_durable(event: dict[str, Any]) -> bool:
     return event.get("type") == "outcome" and "durable" in event
 
 
+def _turn(event: dict[str, Any]) -> Any:
+    """The turn a projection belongs to: a `ui` event names it, an outcome's result does."""
+    return event["turn"] if "turn" in event else (event.get("result") or {}).get("turn_id")
+
+
 def durable_before_visible(events: Sequence[dict[str, Any]], promises: Promises = FULL_PROMISES) -> Verdict:
     """Every UI projection was durable in state.db, byte for byte, at the instant it was shown.
 
@@ -42,7 +47,7 @@ def durable_before_visible(events: Sequence[dict[str, Any]], promises: Promises 
     shown = [e for e in events if _claims_durable(e)]
     kind = DAMAGE if promises.durable_projections else CONTRACT
     violations = [Violation(DURABLE_BEFORE_VISIBLE,
-                            f"{e.get('kind') or 'final answer'} projection of turn {e.get('turn')} was shown "
+                            f"{e.get('kind') or 'final answer'} projection of turn {_turn(e)} was shown "
                             "before it was durable", {"event": e}, kind)
                   for e in shown if e.get("durable") is False]
     undetermined = [e for e in shown if e.get("durable") not in (True, False)]
