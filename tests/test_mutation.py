@@ -232,6 +232,12 @@ SAMPLE = [
     # log the turn writes shows it (`outcome-honesty`); the self-kill scenario resumes in its baseline.
     ("hermes/resume.py", "core/ReplaceComparisonOperator_IsNot_Is",
      'return message.get("content") if message.get("content") is not None else ""', "sqlite", "self-kill/fault-free"),
+    # A dispatch intent is no longer a barrier: at NORMAL its commit is not synced before the tool
+    # runs, and a cut that drops every unsynced write (this case's crash mode) takes the intent of a
+    # call whose effect happened. At FULL every commit syncs, so only the NORMAL power-cut group sees it.
+    ("hermes/store/dispatches.py", "core/ReplaceTrueWithFalse",
+     "return self._execute_write(write, session_id=session_id, barrier=True)", "power-loss-normal",
+     "single-tool/probe:self@tool.dispatch.after:1@t0p0"),
     # A recovery whose write of a reconciled tool result failed goes on with the turn: only a storage
     # fault makes that write fail (the storage group; `well-formed` sees the turn's rows go on).
     ("hermes/resume.py", "core/ReplaceFalseWithTrue", "return False", "storage",
@@ -273,6 +279,25 @@ def test_a_case_failing_on_the_original_code_is_no_oracle(tmp_path: Path) -> Non
                         {"equivalent": {}, "survivor": {}})
     assert fig["failing_on_the_original"] == {"pause": [ran[2]]}
     assert f"`pause` `{ran[2]}`" in score.render(fig)
+
+
+def test_the_normal_power_cut_group_excuses_that_levels_cost_and_nothing_else(tmp_path: Path) -> None:
+    """At NORMAL a cut after the answer's commit takes that commit (this case's crash mode drops every
+    unsynced write): the campaign says FAIL, with one `durability-cost` finding and no damage. The
+    original code does that, so the oracle's NORMAL group counts the case as passing; the sample
+    mutant above, which also does damage there, is killed by the same group."""
+    case = "single-tool/probe:self@finalize.after:1@t0p0"
+    report = tmp_path / "report"
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    done = subprocess.run([sys.executable, "-m", "supervisor", "chaos", "--case", case, "--faults", "power-loss",
+                           "--synchronous", "NORMAL", "--report", str(report)], cwd=REPO, env=env, text=True,
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=300, start_new_session=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    found = {(v["invariant"], v["class"]) for v in json.loads((report / "report.json").read_text())["violations"]}
+    assert found == {("power-cut-durability", "durability-cost")}, found
+
+    outcome = launch.run_group(REPO, "power-loss-normal", [case])
+    assert outcome.ran == [case] and outcome.failures == [] and outcome.failed is None, outcome
 
 
 @pytest.mark.parametrize("ending", ["SIGKILL", "SIGINT"])
