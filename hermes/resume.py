@@ -58,9 +58,11 @@ def resume_interrupted_turn(agent: "AIAgent", *, system_message: str | None = No
 
     last = messages[-1] if messages else None
     if last is not None and is_final_answer(last) and last.get("_turn_id") == turn.id:
-        # Killed after the answer was committed and before the turn was marked done.
+        # Killed after the answer was committed and before the turn was marked done: done now, and
+        # logged as the finalizer logs a turn it ends (the kill came before that line too).
         probes.fire("resume.reconciled", **turn.probe_ids(action="mark_done"))
         agent._persist_session(messages)
+        agent._save_trajectory(messages, user_message, True)
         return turn.result(messages, final_response=last["content"], completed=True,
                            exit_reason="text_response(final)", api_calls=0)
 

@@ -109,14 +109,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"figure: {out}")
         return 0
     if args.verb == "render":
-        fig = json.loads((root / FIGURE).read_text())
+        stored = (root / FIGURE).read_text()
+        fig = score.retriaged(json.loads(stored), score.load_triage(root / TRIAGE))
+        figure = json.dumps(fig, indent=1, sort_keys=True) + "\n"
         text = (root / DOC).read_text()
         wanted = score.splice(text, score.render(fig))
         if args.check:
-            if wanted != text:
-                print(f"{DOC} is not rendered from {FIGURE}: run scripts/mutation render", file=sys.stderr)
+            if (figure, wanted) != (stored, text):
+                print(f"{FIGURE} and {DOC} do not say what {TRIAGE} says: run scripts/mutation render",
+                      file=sys.stderr)
                 return 1
             return 0
+        (root / FIGURE).write_text(figure)
         (root / DOC).write_text(wanted)
         return 0
     for module in tree.core_modules(root):

@@ -141,6 +141,19 @@ def figures(merged: dict[str, Any], triage: dict[str, dict[str, dict[str, Any]]]
     return out
 
 
+def retriaged(fig: dict[str, Any], triage: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """`fig` with each survivor's `needs` and each equivalent's `reason` as the reviewed file words
+    them now: what a run measured stays, what was said about a mutant since (a sharper reason, a
+    kill shown after the run) is what the figure shows."""
+    out = json.loads(json.dumps(fig))
+    for row in out["modules"].values():
+        for survivor in row["survivors"]:
+            survivor["needs"] = triage["survivor"].get(survivor["id"], {}).get("reason") or survivor["needs"]
+        for equivalent in row["equivalents"]:
+            equivalent["reason"] = triage["equivalent"].get(equivalent["id"], {}).get("reason") or equivalent["reason"]
+    return out
+
+
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {"n": 0}

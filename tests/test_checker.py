@@ -586,6 +586,20 @@ def test_outcome_honesty_fails_on_a_completion_the_store_does_not_hold(scenario:
     failing(outcome_honesty(scenario.db_path, [_outcome("t9", "completed")]), "outcome-honesty")
 
 
+def test_outcome_honesty_fails_on_a_worker_that_exited_without_reporting(scenario: Scenario) -> None:
+    """An exception out of the runtime ends the worker with status 1 and no outcome: its caller learns
+    nothing. A worker killed, or one that never said hello (it never ran), is not held to it."""
+    build_clean(scenario)
+    hello = {"case": "c", "type": "hello", "incarnation": 2}
+    crashed = {"case": "c", "type": "exit", "incarnation": 2, "returncode": 1, "signal": None}
+    violation = failing(outcome_honesty(scenario.db_path, [_outcome("t1", "completed", 1), hello, crashed]),
+                        "outcome-honesty")
+    assert violation.message == "worker 2 exited with status 1 without reporting how its turn ended"
+    holds(outcome_honesty(scenario.db_path, [hello, _outcome("t2", "completed", 2), crashed]))
+    holds(outcome_honesty(scenario.db_path, [hello, {**crashed, "returncode": -9, "signal": 9}]))
+    holds(outcome_honesty(scenario.db_path, [crashed]))
+
+
 def test_outcome_honesty_leaves_a_completion_lost_to_a_normal_power_cut_to_that_invariant(scenario: Scenario) -> None:
     scenario.user("t1", "go")
     cut = {"case": "c", "type": "power_cut", "synchronous": "NORMAL"}
@@ -662,6 +676,28 @@ def test_outcome_honesty_leaves_a_logged_turn_a_normal_power_cut_reopened_to_tha
     holds(outcome_honesty(scenario.db_path, [cut], log))
     assert "durably it is running" in failing(outcome_honesty(scenario.db_path, [{**cut, "synchronous": "FULL"}], log),
                                               "outcome-honesty").message
+
+
+def test_outcome_honesty_fails_on_a_turn_a_worker_finished_that_the_log_never_got(
+        scenario: Scenario, tmp_path: Path) -> None:
+    """The worker that finishes a turn logs it before it reports it: a turn reported finished has its
+    line, unless the worker found it finished, a power cut came after (the log is not synced), the
+    case filled the disk, or the target keeps no log."""
+    build_clean(scenario)
+    log = _trajectory(tmp_path / "trajectories.jsonl", _logged("t1", "look k up and note it", "Noted."))
+    first = _outcome("t1", "completed", 1, final_response="Noted.")
+    second = _outcome("t2", "completed", 2, final_response="You are welcome.")
+    violation = failing(outcome_honesty(scenario.db_path, [first, second], log), "outcome-honesty")
+    assert violation.message == "worker 2 reported turn t2 completed, and the trajectory log has no line for it"
+    found = _outcome("t2", "completed", 2, final_response="You are welcome.", turn_exit_reason="already_finished")
+    holds(outcome_honesty(scenario.db_path, [first, found], log))
+    holds(outcome_honesty(scenario.db_path, [first, second, {"case": "c", "type": "power_cut",
+                                                             "synchronous": "FULL"}], log))
+    failing(outcome_honesty(scenario.db_path, [first, {"case": "c", "type": "power_cut", "synchronous": "FULL"},
+                                               second], log), "outcome-honesty")
+    holds(outcome_honesty(scenario.db_path, [{"case": "c", "type": "storage_fault", "fault": "disk",
+                                              "phase": "broken"}, first, second], log))
+    holds(outcome_honesty(scenario.db_path, [first, second]))
 
 
 def test_outcome_honesty_is_unknown_when_the_trajectory_log_cannot_be_read(scenario: Scenario, tmp_path: Path) -> None:

@@ -129,10 +129,25 @@ def test_the_reviewed_triage_file_parses() -> None:
 
 
 def test_docs_show_the_stored_mutation_figure() -> None:
-    """docs/chaos.md's block is rendered from docs/figures/mutation.json (scripts/mutation render)."""
-    fig = json.loads((REPO / "docs" / "figures" / "mutation.json").read_text())
+    """docs/chaos.md's block is rendered from docs/figures/mutation.json, whose reasons are the reviewed
+    triage's (scripts/mutation render)."""
+    stored = json.loads((REPO / "docs" / "figures" / "mutation.json").read_text())
+    fig = score.retriaged(stored, score.load_triage(REPO / "mutation" / "triage.toml"))
+    assert fig == stored, "run scripts/mutation render"
     text = (REPO / "docs" / "chaos.md").read_text()
     assert score.splice(text, score.render(fig)) == text, "run scripts/mutation render"
+
+
+def test_a_reason_sharpened_after_a_run_is_what_the_figure_shows() -> None:
+    measured = {"modules": {"hermes/x.py": {
+        "survivors": [{"id": "s", "needs": "as triaged at the run"}, {"id": "u", "needs": "not yet triaged"}],
+        "equivalents": [{"id": "e", "reason": "old"}]}}}
+    triage = {"survivor": {"s": {"reason": "killed since, by a sharper check"}},
+              "equivalent": {"e": {"reason": "new"}}}
+    row = score.retriaged(measured, triage)["modules"]["hermes/x.py"]
+    assert [s["needs"] for s in row["survivors"]] == ["killed since, by a sharper check", "not yet triaged"]
+    assert row["equivalents"] == [{"id": "e", "reason": "new"}]
+    assert measured["modules"]["hermes/x.py"]["survivors"][0]["needs"] == "as triaged at the run"
 
 
 def test_the_oracle_finds_the_mutated_statement(tmp_path: Path) -> None:
@@ -202,7 +217,8 @@ def test_the_nightly_shards_run_on_case_maps_built_once_per_group() -> None:
 
 # ------------------------------------------------------------ the CI sample
 # Real durability bugs, each made by one of cosmic-ray's operators on one line of the core, and a
-# case of the campaign that must catch it: (module, operator, the line's text, oracle group, case id).
+# case of the campaign that must catch it: (module, operator, the line's text, oracle group, case id,
+# and the mutant's rank among that operator's on the line when it is not the first).
 # The group is named, not read from the case id: a storage group's faults apply to every case it
 # plans, so its case ids are the sqlite group's.
 SAMPLE = [
@@ -238,6 +254,19 @@ SAMPLE = [
     ("hermes/store/dispatches.py", "core/ReplaceTrueWithFalse",
      "return self._execute_write(write, session_id=session_id, barrier=True)", "power-loss-normal",
      "single-tool/probe:self@tool.dispatch.after:1@t0p0"),
+    # Recovery reads the intents of every turn, not only its own: with fresh call ids no other turn's
+    # intent shares an id, but a model that numbers its calls (the generated group's) repeats them
+    # across turns, and an earlier turn's intent is taken for this one's.
+    ("hermes/store/dispatches.py", "core/AddNot", "if turn_id is not None:", "generated",
+     "gen-e997d28970da/probe:self@tool.dispatch.before:6@t2p1+probe:self@turn.start:1@t4p0"),
+    # The append flags lose O_WRONLY: the trajectory log cannot be written, which costs a warning, not
+    # the turn; every turn a worker reports finishing then has no line (`outcome-honesty`).
+    ("hermes/private_files.py", "core/ReplaceBinaryOperator_BitOr_BitAnd",
+     '_FLAGS = {"w": os.O_WRONLY | os.O_TRUNC, "a": os.O_WRONLY | os.O_APPEND}', "sqlite", "single-tool/fault-free", 1),
+    # The append flags become a float: os.open raises TypeError after the turn is done, and the worker
+    # exits with a traceback and no outcome (`outcome-honesty`).
+    ("hermes/private_files.py", "core/ReplaceBinaryOperator_BitOr_Div",
+     '_FLAGS = {"w": os.O_WRONLY | os.O_TRUNC, "a": os.O_WRONLY | os.O_APPEND}', "sqlite", "single-tool/fault-free", 1),
     # A recovery whose write of a reconciled tool result failed goes on with the turn: only a storage
     # fault makes that write fail (the storage group; `well-formed` sees the turn's rows go on).
     ("hermes/resume.py", "core/ReplaceFalseWithTrue", "return False", "storage",
@@ -245,16 +274,16 @@ SAMPLE = [
 ]
 
 
-@pytest.mark.parametrize("module,operator,line,group,case_id", SAMPLE, ids=[s[0] for s in SAMPLE])
-def test_the_campaign_oracle_kills_the_sample_mutant(tmp_path: Path, module: str, operator: str, line: str,
-                                                      group: str, case_id: str) -> None:
+@pytest.mark.parametrize("sample", SAMPLE, ids=[s[0] for s in SAMPLE])
+def test_the_campaign_oracle_kills_the_sample_mutant(tmp_path: Path, sample: tuple[Any, ...]) -> None:
     from cosmic_ray.mutating import apply_mutation
     from cosmic_ray.plugins import get_operator
 
+    module, operator, line, group, case_id, *rank = sample
     found = sorted((m for m in mutants.enumerate_module(REPO, module) if m.operator == operator and m.line_text == line),
                    key=lambda m: m.line)
     assert found, f"the sample mutant is gone from {module}: update SAMPLE"
-    mutant = found[0]  # of lines with the same text, the first
+    mutant = found[rank[0] if rank else 0]  # of lines with the same text, the first; on it, by rank
     copy = tree.copy_tree(REPO, tmp_path / "tree")
     _, mutated = apply_mutation(copy / module, get_operator(operator)(), mutant.occurrence)
     assert mutated is not None

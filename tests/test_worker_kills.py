@@ -261,3 +261,25 @@ def test_a_tool_that_kills_its_own_worker_is_recorded_unknown_and_never_rerun(
     # A frame carries what was shown; a logged projection only its length (projection_is_durable
     # has matched either against the unknown-outcome row above).
     assert "outcome_unknown" in restart_shown[0].get("content", after.tool_rows(restart_id)[0]["content"])
+
+
+def test_a_turn_recovery_finds_answered_goes_into_the_trajectory_log(server: ScriptedModelServer,
+                                                                    tmp_path: Path) -> None:
+    """Killed after its answer's commit (the turn's sixth) and before the turn was marked done, a
+    turn is finished by the recovery that finds it answered: that recovery logs it, as the worker
+    that was killed would have right after marking it done. Else a turn that crashed at that instant
+    is missing from the log people audit and train on, though it is done and reported completed."""
+    db, home, env = tmp_path / "state.db", tmp_path / "agent-home", worker_env(tmp_path / "home")
+    logging = ("--home", str(home), "--save-trajectories")
+    killed = run_worker(worker_argv("run", db, SID, server.base_url, "--kill-at", "flush.committed:6", *logging,
+                                    message=CHORES), workdir=tmp_path, env=env)
+    assert killed.returncode == KILLED, killed.describe()
+    assert [t["state"] for t in read_durable(db, SID).turns] == ["running"]
+    assert not (home / "trajectories.jsonl").exists()
+
+    resumed = run_worker(worker_argv("resume", db, SID, server.base_url, *logging), workdir=tmp_path, env=env)
+    assert resumed.returncode == 0 and resumed.outcome["outcome"] == "completed", resumed.describe()
+    [turn] = read_durable(db, SID).turns
+    [line] = [json.loads(text) for text in (home / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert (line["turn"], line["completed"], line["user"]) == (turn["id"], True, CHORES)
+    assert line["messages"][-1]["content"] == CHORES_ANSWER == resumed.outcome["final_response"]

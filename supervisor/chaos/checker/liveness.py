@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from supervisor.chaos.checker.deaths import count_deaths
 from supervisor.chaos.checker.evidence import DB, as_durable, of_type, turn_brief, unreadable
 from supervisor.chaos.checker.kills import planned_kills
-from supervisor.chaos.checker.trajectories import read_trajectories, trajectory_violations
+from supervisor.chaos.checker.trajectories import read_trajectories, trajectory_violations, unlogged_completions
 from supervisor.chaos.checker.verdict import (
     COVERAGE,
     FAILS_CLOSED,
@@ -127,8 +127,23 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
             violations.append(Violation(OUTCOME_HONESTY, f"worker {event.get('incarnation')} reported {said} model "
                                                          f"call(s) for turn {turn_id}; it made {made}",
                                         {**where, "model_requests_made": made}))
+    violations += _unreported_ends(events)
     violations += trajectory_violations(d, logged, lossy=bool(lossy_cuts))
+    if trajectories is not None:
+        violations += unlogged_completions(events, logged)
     return verdict_of(OUTCOME_HONESTY, violations, {"outcomes": reported, "trajectories": len(logged)})
+
+
+def _unreported_ends(events: list[dict[str, Any]]) -> list[Violation]:
+    """A worker that ran (it said hello) and exited on its own reported how its turn ended first: one
+    that exits without a word (an exception out of the runtime, a traceback) leaves its caller to
+    guess, whatever its exit status says."""
+    hello = {e.get("incarnation") for e in events if e.get("type") == "hello"}
+    reported = {e.get("incarnation") for e in events if e.get("type") == "outcome"}
+    return [Violation(OUTCOME_HONESTY, f"worker {e.get('incarnation')} exited with status {e.get('returncode')} "
+                                       "without reporting how its turn ended", {"exit": e})
+            for e in events if e.get("type") == "exit" and e.get("signal") is None
+            and e.get("incarnation") in hello and e.get("incarnation") not in reported]
 
 
 def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:

@@ -8,8 +8,11 @@ name a turn of its session that is `done` in the store, say it completed, and ca
 own question and its durable answer.
 
 The file is not synced, and a kill may land mid-write: a line may be missing, or torn at its
-end and joined to the next. A missing line is no violation, and a line that is not a JSON
-object is not judged.
+end and joined to the next. A line that is not a JSON object is not judged. A missing line is a
+violation only where nothing excuses it: the worker that finished the turn wrote its line before it
+reported the turn completed, so a turn a worker reported finishing must have one, unless a power
+cut came after the report (the log is not synced) or the case filled the disk (the runtime answers
+a log it cannot write with a warning, never by failing the turn).
 """
 from __future__ import annotations
 
@@ -80,4 +83,32 @@ def trajectory_violations(d: Durable, lines: list[dict[str, Any]], *, lossy: boo
         if durable and said not in durable:
             wrong(f"ends turn {turn_id} with a message that is not its durable answer", logged=quote(said),
                   durable=quote(durable[-1]))
+    return violations
+
+
+# The turn_exit_reason of an outcome that found its turn already ended (worker.targets.hermes): the
+# reporting worker did not finish it, so it wrote no line for it.
+FOUND_FINISHED = "already_finished"
+
+
+def unlogged_completions(events: list[dict[str, Any]], lines: list[dict[str, Any]]) -> list[Violation]:
+    """A violation for each turn a worker reported it finished (completed, with an answer) that has
+    no line in the log, where nothing excuses the missing line (the module docstring)."""
+    if any(e.get("type") == "storage_fault" and e.get("fault") == "disk" for e in events):
+        return []
+    logged = {line.get("turn") for line in lines}
+    cuts = [i for i, e in enumerate(events) if e.get("type") == "power_cut"]
+    violations = []
+    for index, event in enumerate(events):
+        if event.get("type") != "outcome":
+            continue
+        result = event.get("result") or {}
+        if (result.get("outcome") != "completed" or result.get("final_response") is None
+                or result.get("turn_exit_reason") == FOUND_FINISHED or any(cut > index for cut in cuts)):
+            continue
+        turn_id = result.get("turn_id")
+        if turn_id not in logged:
+            violations.append(Violation(
+                OUTCOME_HONESTY, f"worker {event.get('incarnation')} reported turn {turn_id} completed, and the "
+                                 "trajectory log has no line for it", {"turn": turn_id, "outcome": result}))
     return violations
