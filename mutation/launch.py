@@ -25,6 +25,7 @@ from typing import Any
 # database at each point: the code that fails a turn closed runs only then; the disk fault is left
 # out, it needs the right to mount). A storage case spends most of its time waiting (on a locked
 # database, out the worker's busy budget), so that group runs more cases at once (`jobs`: at least).
+# The daemon gives turns up (`give-up`): the words that answer an ended turn's calls run only then.
 # Power cuts run at both durability levels: at FULL every commit is synced, so only at NORMAL can a
 # cut see a barrier (a dispatch intent, a turn's start) that was not. There the lost suffix of
 # commits is the level's documented cost, reported as a `durability-cost` violation by the original
@@ -40,6 +41,7 @@ GROUPS: dict[str, dict[str, Any]] = {
                           "excused": ("durability-cost",)},
     "postgres": {"mode": "exhaustive", "store": "postgres"},
     "storage": {"mode": "exhaustive", "faults": ("locked", "readonly", "corrupt"), "jobs": 6},
+    "give-up": {"mode": "exhaustive", "faults": ("give-up",)},
 }
 
 

@@ -317,6 +317,35 @@ def _outcome_reasons(events: list[dict]) -> set[str]:
 
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
+@pytest.mark.parametrize("fault", ["cancel", "give-up"])
+def test_a_turn_the_daemon_ends_after_a_kill_is_answered_truthfully_and_the_session_goes_on(
+        tmp_path: Path, fault: str) -> None:
+    """Killed before and after its tools were dispatched, the turn is ended as the daemon ends one
+    (cancelled, or given up): failed with the reason, each dangling call answered by its intents
+    (unknown once dispatched, not run before), and the next turn of the session runs."""
+    from hermes.outcomes import CANCELLED
+    from supervisor.chaos.nemesis.ending import GIVE_UP_REASON
+
+    history = tmp_path / "history.jsonl"
+    done = supervisor("chaos", "--scenario", "mixed-batch", "--scenario", "multi-turn-compaction", "--faults", fault,
+                      "--probe", "tool.dispatch.before", "--probe", "tool.dispatch.after", "--jobs", "2",
+                      "--history", str(history), "--report", str(tmp_path / "report"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = read_report(tmp_path / "report")
+    assert report["faults"][fault]["landed"] >= 2 and report["faults"][fault]["landed"] == report["faults"][fault]["planned"]
+    events = _events(history)
+    ended = [e for e in events if e["type"] == "turn_ended"]
+    assert ended and all(e["ended"] and not e.get("error") for e in ended)
+    assert {e["reason"] for e in ended} == {CANCELLED if fault == "cancel" else GIVE_UP_REASON}
+    multi = [e for e in ended if e["case"].startswith("multi-turn-compaction/")]
+    assert multi and any(e["type"] == "outcome" and e["case"] == multi[0]["case"]
+                         and e["result"]["outcome"] == "completed" for e in events), "the session did not go on"
+    both = supervisor("chaos", "--faults", "cancel,give-up", timeout=60)
+    assert both.returncode == 2 and "two ways" in both.stderr and "Traceback" not in both.stderr
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
 def test_storage_broken_while_the_worker_is_down_fails_closed_then_heals(tmp_path: Path) -> None:
     """After the kill, each storage fault in turn: the worker started on it fails closed with
     its cause, the storage is mended, and the turn still finishes (checked by every invariant)."""

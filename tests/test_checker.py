@@ -1008,6 +1008,58 @@ def test_result_fidelity_refuses_cancelled_for_a_dispatched_call(scenario: Scena
     assert "may have run" in failing(result_fidelity(scenario.db_path), "result-fidelity").message
 
 
+def _ended_by_the_daemon(scenario: Scenario, *, swapped: bool = False) -> list[dict[str, Any]]:
+    """A turn the daemon gave up after its worker was killed: NOTE was dispatched, LOOKUP was not, and
+    each is answered as hermes.outcomes words it (`swapped`: each with the other's words)."""
+    from hermes.outcomes import GIVEN_UP, dangling_result
+
+    _single_turn(scenario)
+    scenario.assistant("t1", None, (LOOKUP, NOTE))
+    scenario.dispatch("t1", NOTE, AT_MOST_ONCE)
+    scenario.result("t1", LOOKUP, dangling_result(swapped, GIVEN_UP, "crash_loop"))
+    scenario.result("t1", NOTE, dangling_result(not swapped, GIVEN_UP, "crash_loop"))
+    scenario.finish("t1", "failed", "crash_loop")
+    return [{"t": 0.1, "case": "c", "type": "exit", "incarnation": 1, "returncode": None, "signal": 9},
+            {"t": 0.2, "case": "c", "type": "turn_ended", "turn_id": "t1", "fault": "give-up", "reason": "crash_loop",
+             "ended": True}]
+
+
+def test_result_fidelity_holds_the_words_of_a_turn_the_daemon_ended_to_its_intents(scenario: Scenario) -> None:
+    events = _ended_by_the_daemon(scenario)
+    holds(result_fidelity(scenario.db_path, events))
+    holds(turn_liveness(scenario.db_path, events))
+    # Without the daemon's end in the history, neither answer is a result any run of the tool gives.
+    failing(result_fidelity(scenario.db_path, events[:1]), "result-fidelity")
+
+
+def test_result_fidelity_fails_on_an_ended_turns_words_swapped(scenario: Scenario) -> None:
+    events = _ended_by_the_daemon(scenario, swapped=True)
+    found = {v.message for v in result_fidelity(scenario.db_path, events).violations}
+    assert found == {"call c-note of turn t1, which the daemon ended, is answered as not run, but its dispatch "
+                     "intent is durable: it may have run",
+                     "call c-look of turn t1, which the daemon ended, is answered with an unknown outcome, but it "
+                     "was never dispatched"}, found
+
+
+def test_turn_liveness_fails_when_the_store_would_not_end_a_turn_or_ended_it_otherwise(scenario: Scenario) -> None:
+    events = _ended_by_the_daemon(scenario)
+    refused = {**events[1], "ended": False, "error": "ValueError: no answer for a call left by a turn that stopped"}
+    assert "the store could not end turn t1" in failing(turn_liveness(scenario.db_path, [events[0], refused]),
+                                                        "turn-liveness").message
+    other = {**events[1], "reason": "cancelled"}
+    assert "not durably failed with the daemon's reason" in failing(
+        turn_liveness(scenario.db_path, [events[0], other]), "turn-liveness").message
+
+
+def test_stream_honesty_lets_the_daemons_end_of_a_turn_close_a_dead_workers_stream() -> None:
+    shown = [{"t": 0.1, "case": "c", "type": "ui", "kind": "stream", "incarnation": 1, "turn": "t1", "text": "Hal"}]
+    died = {"t": 0.2, "case": "c", "type": "exit", "incarnation": 1, "returncode": None, "signal": 9}
+    ended = {"t": 0.3, "case": "c", "type": "turn_ended", "turn_id": "t1", "reason": "cancelled", "ended": True}
+    holds(stream_honesty([*shown, died, ended]))
+    failing(stream_honesty([*shown, died]), "stream-honesty")
+    failing(stream_honesty([*shown, died, {**ended, "turn_id": "t2"}]), "stream-honesty")
+
+
 def test_result_fidelity_counts_but_does_not_judge_tools_it_does_not_know(scenario: Scenario) -> None:
     _single_turn(scenario)
     other = call("c-read", "read_file", '{"path": "x"}')

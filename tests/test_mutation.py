@@ -267,6 +267,13 @@ SAMPLE = [
     # exits with a traceback and no outcome (`outcome-honesty`).
     ("hermes/private_files.py", "core/ReplaceBinaryOperator_BitOr_Div",
      '_FLAGS = {"w": os.O_WRONLY | os.O_TRUNC, "a": os.O_WRONLY | os.O_APPEND}', "sqlite", "single-tool/fault-free", 1),
+    # The daemon cannot end a turn it gives up (its calls' words refuse the reason): the turn goes on
+    # running where it should have ended failed (`turn-liveness`). Only the give-up group ends turns.
+    ("hermes/outcomes.py", "core/AddNot", "if why not in _ENDED_UNKNOWN:", "give-up",
+     "mixed-batch/probe:self@callback.interim.after:1@t0p0"),
+    # A turn the daemon ended answers its dispatched calls "not run" and the others "unknown".
+    ("hermes/outcomes.py", "core/AddNot", "if dispatched:", "give-up",
+     "mixed-batch/probe:self@callback.interim.before:1@t0p0", 1),
     # A recovery whose write of a reconciled tool result failed goes on with the turn: only a storage
     # fault makes that write fail (the storage group; `well-formed` sees the turn's rows go on).
     ("hermes/resume.py", "core/ReplaceFalseWithTrue", "return False", "storage",

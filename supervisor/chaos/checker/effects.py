@@ -331,6 +331,22 @@ def _cut_off_turns(d: Durable, events: Sequence[dict[str, Any]]) -> set[tuple[st
     return {(t["session_id"] or "", t["id"]) for t in d.turns if t["id"] in cancelled}
 
 
+def ended_turns(d: Durable, events: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(session, turn) of every turn the daemon ended (a `turn_ended` event: cancelled or given up,
+    supervisor.chaos.nemesis.ending), its unanswered calls answered in the same transaction."""
+    ended = {e.get("turn_id") for e in of_type(events, "turn_ended") if e.get("ended")}
+    return {(t["session_id"] or "", t["id"]) for t in d.turns if t["id"] in ended}
+
+
+def _says_not_run(content: Any) -> bool:
+    """Does a result say its call was never run (hermes.outcomes: a JSON object whose error begins "Not run")?"""
+    try:
+        parsed = json.loads(content) if isinstance(content, str) else content
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and str(parsed.get("error", "")).startswith("Not run")
+
+
 def _unknown_refused(intents: list[dict[str, Any]], interrupted: bool, cut_off: bool) -> str | None:
     """Why the unknown-outcome result is not allowed for a call with these dispatch intents
     (the rules in result_fidelity's docstring); None when it is."""
@@ -436,6 +452,7 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
         intents[_call_key(i["session_id"], i["turn_id"], i["tool_call_id"])].append(i)
     interrupted = _interrupted(events)
     cut_off = _cut_off_turns(d, events)
+    ended = ended_turns(d, events)
     violations: list[Violation] = []
     judged = unjudged = allowed = 0
     for row in d.rows:
@@ -467,6 +484,18 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
                                                              "dispatch intent is durable: it may have run", witness))
             else:
                 allowed += 1
+            continue
+        said = _result_kind(content)
+        if key[:2] in ended and (said == "unknown" or (said == "error" and _says_not_run(content))):
+            # Answered when the daemon ended the turn: the words must be the truth about its intents.
+            if (said == "unknown") == (key in intents):
+                allowed += 1
+            else:
+                violations.append(Violation(RESULT_FIDELITY, f"call {key[2]} of turn {key[1]}, which the daemon "
+                                            "ended, is answered " + (
+                                                "as not run, but its dispatch intent is durable: it may have run"
+                                                if key in intents else "with an unknown outcome, but it was never "
+                                                "dispatched"), dict(witness, intents=intents.get(key, []))))
             continue
         if expected is None:
             unjudged += 1

@@ -37,8 +37,10 @@ MODEL_REQUEST = "model.request"  # the probe our runtime fires as it sends each 
 def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation | None = None) -> Verdict:
     """Every turn ended ('done' or 'failed', a failure with its reason recorded being an honest end); the
     database holds exactly `expect.turns` turns; no turn needed more than `expect.max_restarts`
-    resume spawns to get there; and no worker hung until the supervisor killed it for taking
-    too long (a `kill` by "timeout": a turn rescued from a hang still hung).
+    resume spawns to get there; no worker hung until the supervisor killed it for taking
+    too long (a `kill` by "timeout": a turn rescued from a hang still hung); and a turn the daemon
+    ended (`turn_ended`: cancelled or given up) is durably failed with the daemon's reason, the
+    store having taken the end without an error.
     """
     d = as_durable(db)
     if d.error:
@@ -61,6 +63,16 @@ def turn_liveness(db: DB, events: Sequence[dict[str, Any]], expect: Expectation 
         if n > limit:
             violations.append(Violation(TURN_LIVENESS, f"turn {turn_id} was resumed {n} times (limit {limit})",
                                         {"turn_id": turn_id, "spawns": [e for e in resumes if e.get("turn_id") == turn_id]}))
+    states_by_id = {t["id"]: t for t in d.turns}
+    for end in of_type(events, "turn_ended"):
+        turn = states_by_id.get(end.get("turn_id"))
+        if end.get("error"):
+            violations.append(Violation(TURN_LIVENESS, f"the store could not end turn {end.get('turn_id')} as the "
+                                                       f"daemon does: {end['error']}", {"event": end}))
+        elif end.get("ended") and (turn is None or turn["state"] != "failed" or turn.get("error") != end.get("reason")):
+            violations.append(Violation(TURN_LIVENESS, f"turn {end.get('turn_id')}, which the daemon ended, is not "
+                                                       "durably failed with the daemon's reason",
+                                        {"event": end, "turn": turn and turn_brief(turn)}))
     for hang in of_type(events, "kill"):
         if hang.get("by") == "timeout":
             violations.append(Violation(TURN_LIVENESS, f"worker {hang.get('incarnation')} hung until the supervisor "

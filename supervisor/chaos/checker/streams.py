@@ -17,7 +17,9 @@ def stream_honesty(events: Sequence[dict[str, Any]], promises: Promises = FULL_P
       reply's durable content; durable-before-visible checks that it was durable), or
     * a `stream_end` "retract" from that worker, or, when that worker died first, from a
       later worker of the same turn (a resumed worker retracts its turn's open streams
-      before anything else), after which a client drops the provisional text.
+      before anything else), after which a client drops the provisional text; or the
+      daemon ending the turn once that worker died (a `turn_ended` event: the turn is over,
+      failed, for every client).
     A reply left open at the end of the case, or committed with other text than was
     streamed, is a violation (CONTRACT for a target that does not promise retraction).
     """
@@ -29,6 +31,14 @@ def stream_honesty(events: Sequence[dict[str, Any]], promises: Promises = FULL_P
     for e in events:
         if e.get("type") == "exit":
             exited.add(e.get("incarnation"))
+            continue
+        if e.get("type") == "turn_ended" and e.get("ended"):
+            # The daemon ended the turn (supervisor.chaos.nemesis.ending) with its workers dead: the
+            # turn is over 'failed' for every client, and what it streamed provisionally goes with it.
+            for other in [w for w in open_replies if w[1] == e.get("turn_id") and w[0] in exited]:
+                open_replies.pop(other)
+                replies += 1
+                retracts += 1
             continue
         if e.get("type") != "ui":
             continue

@@ -35,6 +35,7 @@ BUILTIN = {
     "refused": "supervisor.chaos.nemesis.model:RefusedModel",
     "locked": "supervisor.chaos.nemesis.storage:LockedDatabase",
     "storage": "supervisor.chaos.nemesis.storage:BrokenStorage",
+    "ending": "supervisor.chaos.nemesis.ending:EndedTurns",
     "twin-recovery": "supervisor.chaos.nemesis.recovery:TwinRecovery",
     "concurrent-resume": "supervisor.chaos.nemesis.recovery:ConcurrentResume",
     "power": "supervisor.chaos.nemesis.powerloss:PowerLoss",
