@@ -376,7 +376,7 @@ def _check_runnable(config: CampaignConfig, workdir: Path | None) -> None:
 
     try:  # first: a store the target cannot use is refused whether the target is installed or not
         check_runnable(config)
-        check_store(config.faults, config.store)
+        check_store(config.faults, config.store, config.target)
     except (StoreUnavailable, FaultUnavailable) as exc:
         raise UsageError(str(exc)) from None
     problem = _target(config.target).missing()

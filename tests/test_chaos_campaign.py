@@ -342,6 +342,8 @@ def test_a_turn_the_daemon_ends_after_a_kill_is_answered_truthfully_and_the_sess
                          and e["result"]["outcome"] == "completed" for e in events), "the session did not go on"
     both = supervisor("chaos", "--faults", "cancel,give-up", timeout=60)
     assert both.returncode == 2 and "two ways" in both.stderr and "Traceback" not in both.stderr
+    foreign = supervisor("chaos", "--faults", fault, "--target", "langgraph", timeout=60)
+    assert foreign.returncode == 2 and "keeps its turns elsewhere" in foreign.stderr, foreign.stderr
 
 
 @pytest.mark.chaos

@@ -74,7 +74,7 @@ class Campaign:
                  on_plan: Callable[[Plan], None] | None = None, campaign_id: str | None = None) -> None:
         self.config = config
         check_runnable(config)  # what the CLI refuses up front, refused here too (pgstore.StoreUnavailable)
-        check_store(config.faults, config.store)  # FaultUnavailable
+        check_store(config.faults, config.store, config.target)  # FaultUnavailable
         self.progress = progress or (lambda line: None)
         # Workers start as forks of the warm template where the target allows it, else as fresh interpreters.
         target = registry.get(config.target)

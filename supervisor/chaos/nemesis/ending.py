@@ -51,6 +51,14 @@ class EndedTurns(Nemesis):
         if len(chosen) > 1:
             raise FaultUnavailable("--faults cancel and give-up end the same turn two ways: run them in two campaigns")
 
+    @classmethod
+    def check_target(cls, chosen: tuple[str, ...], target: str) -> None:
+        from targetkit import registry
+
+        if target != registry.DEFAULT:
+            raise FaultUnavailable(f"--faults {','.join(chosen)} ends turns as our daemon does, in our runtime's store: "
+                                   f"--target {target} keeps its turns elsewhere")
+
     def on_kill(self, killed: Any) -> bool:
         self.planned_kill = True
         return False

@@ -75,6 +75,10 @@ class Nemesis:
             raise FaultUnavailable(f"--faults {','.join(chosen)} cannot run with --store {store}: {cls.WHY_NOT_ON}")
 
     @classmethod
+    def check_target(cls, chosen: tuple[str, ...], target: str) -> None:
+        """Raise FaultUnavailable when the faults `chosen` cannot be made on the target named `target`."""
+
+    @classmethod
     def open_resource(cls, chosen: tuple[str, ...]) -> Any:
         """Something the campaign keeps for every case of this family (closed with `.close()`), or None."""
         return None
@@ -159,10 +163,12 @@ def chosen(faults: tuple[str, ...] | list[str]) -> list[tuple[type[Nemesis], tup
     return out
 
 
-def check_store(faults: tuple[str, ...] | list[str], store: str) -> None:
-    """Raise FaultUnavailable for the first family of `faults` that cannot act on the store `store`."""
+def check_store(faults: tuple[str, ...] | list[str], store: str, target: str) -> None:
+    """Raise FaultUnavailable for the first family of `faults` that cannot act on the store `store`
+    or on the target named `target`."""
     for family, mine in chosen(faults):
         family.check_store(mine, store)
+        family.check_target(mine, target)
 
 
 def planned_how(fault: str) -> tuple[str, str]:
