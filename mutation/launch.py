@@ -16,32 +16,32 @@ from pathlib import Path
 from typing import Any
 
 # The campaigns of the oracle, cheapest first: every exhaustive case on SQLite, the pause mode, a
-# Ctrl-C at every point (the code that answers an interrupted batch runs only then), drawn
-# conversations (what no fixed scenario does: a streamed answer in a later turn, an empty streamed
-# answer, compaction, a result spilled to a file, call ids across turns; seed and count fixed, so
-# that a case id names the same conversation in every run) from a model that numbers its calls per
-# response, so ids repeat across rounds and turns, power cuts (the code only a lost unsynced write
-# exercises), the PostgreSQL engine, and storage faults (a locked, read-only or corrupt session
-# database at each point: the code that fails a turn closed runs only then; the disk fault is left
-# out, it needs the right to mount). A storage case spends most of its time waiting (on a locked
-# database, out the worker's busy budget), so that group runs more cases at once (`jobs`: at least).
-# The daemon gives turns up (`give-up`): the words that answer an ended turn's calls run only then.
-# Power cuts run at both durability levels: at FULL every commit is synced, so only at NORMAL can a
-# cut see a barrier (a dispatch intent, a turn's start) that was not. There the lost suffix of
-# commits is the level's documented cost, reported as a `durability-cost` violation by the original
-# as much as by a mutant, so that class is `excused`: a case fails on damage, a broken contract, or
-# when it could not be judged.
+# Ctrl-C at every point (the code that answers an interrupted batch runs only then), the daemon
+# giving the killed worker's turn up (the words that answer an ended turn's calls run only then),
+# drawn conversations (what no fixed scenario does: a streamed answer in a later turn, an empty
+# streamed answer, compaction, a result spilled to a file, call ids across turns; seed and count
+# fixed, so that a case id names the same conversation in every run) from a model that numbers its
+# calls per response, so ids repeat across rounds and turns, power cuts (the code only a lost
+# unsynced write exercises), the PostgreSQL engine, and storage faults (a locked, read-only or
+# corrupt session database at each point: the code that fails a turn closed runs only then; the
+# disk fault is left out, it needs the right to mount). A storage case spends most of its time
+# waiting (on a locked database, out the worker's busy budget), so that group runs more cases at
+# once (`jobs`: at least). Power cuts run at both durability levels: at FULL every commit is synced,
+# so only at NORMAL can a cut see a barrier (a dispatch intent, a turn's start) that was not. There
+# the lost suffix of commits is the level's documented cost, reported as a `durability-cost`
+# violation by the original as much as by a mutant, so that class is `excused`: a case fails on
+# damage, a broken contract, or when it could not be judged.
 GROUPS: dict[str, dict[str, Any]] = {
     "sqlite": {"mode": "exhaustive"},
     "pause": {"mode": "pause"},
     "interrupt": {"mode": "interrupt"},
+    "give-up": {"mode": "exhaustive", "faults": ("give-up",)},
     "generated": {"mode": "generated", "seed": 1, "runs": 40, "call_ids": "numbered"},
     "power-loss": {"mode": "exhaustive", "faults": ("power-loss",)},
     "power-loss-normal": {"mode": "exhaustive", "faults": ("power-loss",), "synchronous": "NORMAL",
                           "excused": ("durability-cost",)},
     "postgres": {"mode": "exhaustive", "store": "postgres"},
     "storage": {"mode": "exhaustive", "faults": ("locked", "readonly", "corrupt"), "jobs": 6},
-    "give-up": {"mode": "exhaustive", "faults": ("give-up",)},
 }
 
 
