@@ -9,9 +9,6 @@ they are stored values, not fresh ones).
 In a page a block is cog's: `<!-- [[[cog figure("NAME")]]] -->`, the rendered text, then
 `<!-- [[[end]]] -->`; `scripts/figures.py` runs cog over the pages (docfigures.pages).
 
-Declared elsewhere: the mutation score of docs/chaos.md (`<!-- mutation-score:begin ... -->`) is
-rendered and checked by `scripts/mutation render` (mutation/score.py) from docs/figures/mutation.json,
-with its own measurement (a mutation run) and its own test.
 """
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from docfigures import bench, campaigns, findings, minimal, proof, readme, targets, upstream
+from docfigures import bench, campaigns, findings, minimal, mutation, proof, readme, targets, upstream
 
 
 @dataclass(frozen=True)
@@ -52,6 +49,7 @@ MEASUREMENTS = {m.name: m for m in (
     Measurement("targets", targets.STORE, "one campaign against every target", targets.store),
     Measurement("findings", findings.STORE, "nothing: each entry is written by hand, with its script", None),
     Measurement("minimal", minimal.STORE, "a shrinking campaign against upstream hermes-agent", minimal.store),
+    Measurement("mutation", mutation.STORE, "scripts/mutation run (in shards), then their merge", mutation.store),
 )}
 
 
@@ -70,6 +68,7 @@ BLOCKS = {b.name: b for b in (
     Block("targets", ("docs/targets.md",), ("targets",), _same(targets.block)),
     Block("findings", ("README.md", "docs/targets.md"), ("findings",), findings.block),
     Block("minimal", ("README.md",), ("minimal",), _same(minimal.block)),
+    Block("mutation", ("docs/chaos.md",), ("mutation",), _same(mutation.block)),
 )}
 
 

@@ -3,7 +3,6 @@
     scripts/mutation run [--shard I/N] [--module M ...] [--group G ...] [--work DIR] [--limit K] [--maps PATH ...]
     scripts/mutation map [--group G ...] [--work DIR]
     scripts/mutation merge DIR_OR_FILE... [--out docs/figures/mutation.json]
-    scripts/mutation render [--check]
 """
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from typing import Any
 from mutation import launch, mutants, score, tree
 
 FIGURE = Path("docs/figures/mutation.json")
-DOC = Path("docs/chaos.md")
 TRIAGE = Path("mutation/triage.toml")
 
 
@@ -49,8 +47,6 @@ def _parser() -> argparse.ArgumentParser:
     merge = verbs.add_parser("merge", help="join shard results into the figure")
     merge.add_argument("inputs", type=Path, nargs="+")
     merge.add_argument("--out", type=Path, default=FIGURE)
-    render = verbs.add_parser("render", help="write the figure into docs/chaos.md")
-    render.add_argument("--check", action="store_true", help="exit 1 when docs/chaos.md is not up to date")
     verbs.add_parser("list", help="the core's modules and how many mutants each makes")
     return parser
 
@@ -107,21 +103,6 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(fig, indent=1, sort_keys=True) + "\n")
         print(f"figure: {out}")
-        return 0
-    if args.verb == "render":
-        stored = (root / FIGURE).read_text()
-        fig = score.retriaged(json.loads(stored), score.load_triage(root / TRIAGE))
-        figure = json.dumps(fig, indent=1, sort_keys=True) + "\n"
-        text = (root / DOC).read_text()
-        wanted = score.splice(text, score.render(fig))
-        if args.check:
-            if (figure, wanted) != (stored, text):
-                print(f"{FIGURE} and {DOC} do not say what {TRIAGE} says: run scripts/mutation render",
-                      file=sys.stderr)
-                return 1
-            return 0
-        (root / FIGURE).write_text(figure)
-        (root / DOC).write_text(wanted)
         return 0
     for module in tree.core_modules(root):
         print(f"{len(mutants.enumerate_module(root, module)):5} {module}")

@@ -17,7 +17,6 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterable
 
-BEGIN, END = "<!-- mutation-score:begin (generated: scripts/mutation render) -->", "<!-- mutation-score:end -->"
 SURVIVING = ("survived", "unexecuted")
 
 
@@ -163,7 +162,7 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 def render(fig: dict[str, Any]) -> str:
     """The block of docs/chaos.md that shows the figure."""
-    lines = [BEGIN, "",
+    lines = ["",
              f"Measured with {fig['tool']}; oracle: {_scope(fig['oracle_groups'])}. "
              "Modules absent from the table have not been run yet.", "",
              "Of the mutants each module makes: `run` through the oracle; `killed`; `equivalent` (reviewed in "
@@ -200,7 +199,7 @@ def render(fig: dict[str, Any]) -> str:
         lines += ["", "Survivors, and what the verdict would need to see them:", ""]
         lines += [f"- `{m}:{n}` `{text}` ({', '.join(sorted(set(ops)))}): {needs}"
                   for (m, n, text, needs), ops in sorted(grouped.items(), key=lambda kv: kv[0][:2])]
-    return "\n".join(lines + ["", END])
+    return "\n".join(lines + [""])
 
 
 def _scope(groups: list[str]) -> str:
@@ -209,14 +208,6 @@ def _scope(groups: list[str]) -> str:
     named = ", ".join(f"`{g}`" for g in groups if not g.startswith("scenario:"))
     return f"the campaign groups {named} " + (f"over the scenarios {', '.join(scenarios)} only" if scenarios
                                               else "over every scenario")
-
-
-def splice(document: str, block: str) -> str:
-    """`document` with its generated block replaced (appended when it has none)."""
-    if BEGIN in document and END in document:
-        head, rest = document.split(BEGIN, 1)
-        return head + block + rest.split(END, 1)[1]
-    return document.rstrip("\n") + "\n\n" + block + "\n"
 
 
 def read_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@
     python scripts/figures.py store NAME [ARG ...]   run measurement NAME, store it, render the pages
 
 The measurements (`list` prints them): quick, demo, powerloss, bench, memory, proof, upstream,
-targets, minimal; each takes its own arguments (`store NAME --help`). Many take minutes to hours:
+targets, minimal, mutation; each takes its own arguments (`store NAME --help`). Many take minutes to hours:
 run them on demand, not in tests. `tests/test_figures.py` runs `check`'s comparison.
 
 `render` is cog over the pages, as `cog -r -p "from docfigures import figure" PAGE ...` with this
