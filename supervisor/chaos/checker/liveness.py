@@ -92,7 +92,9 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
     show; turn-liveness and answer-once judge only the store. A completion followed by a power cut
     at a level that documents losing the last commits (synchronous=NORMAL) is not held to it: that
     loss is power-cut-durability's to report. `trajectories`: the runtime's trajectory log, another
-    report of each finished turn, held to the store the same way (checker.trajectories).
+    report of each finished turn, held to the store the same way, and holding a line for each turn a
+    worker reported finishing (checker.trajectories). A worker that ran and exited on its own
+    reported how its turn ended before it did.
     `counted_calls`: the target promises that the model calls a worker reports for its turn
     (`api_calls`) are the requests it made for that turn, each announced by a `model.request` probe
     first (ours does): a caller that bills, limits or audits by that count must get the true one.
