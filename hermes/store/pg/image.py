@@ -142,8 +142,7 @@ def _image(url: str, conn: Any, path: Path, session_id: str | None, durable: boo
             fsync_dir(path.parent)
     except BaseException:
         _remove(temporary)
-        if conn is not None:
-            conn.close()  # closing twice is harmless: _copy closes one it failed on
+        _close(conn)  # closing twice is harmless: _copy closes one it failed on
         raise
     return path, conn
 
@@ -156,27 +155,32 @@ def _copy(url: str, conn: Any, session_id: str | None, image: sqlite3.Connection
         if conn is None:
             conn = psycopg.connect(url, autocommit=True, client_encoding="UTF8", connect_timeout=CONNECT_TIMEOUT_S,
                                    application_name=APPLICATION_NAME)
-        try:
-            with conn.cursor() as cur:
-                # The snapshot is taken by the first statement after BEGIN: every read below sees it.
-                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                try:
-                    _copy_rows(cur, session_id, image, where)
-                finally:
-                    if not conn.broken:
-                        cur.execute("ROLLBACK")  # read-only: nothing to keep, and the snapshot is let go at once
-        except BaseException:
-            conn.close()
-            raise
+        with conn.cursor() as cur:
+            # The snapshot is taken by the first statement after BEGIN: every read below sees it.
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                _copy_rows(cur, session_id, image, where)
+            finally:
+                if not conn.broken:
+                    cur.execute("ROLLBACK")  # read-only: nothing to keep, and the snapshot is let go at once
         return conn
     except psycopg.Error as exc:
         sqlstate = getattr(exc, "sqlstate", None)
         message = hide(" ".join(((exc.diag.message_primary if sqlstate else None) or str(exc)).split()), url)
         # A connection never made, or a kept one the server dropped meanwhile (a restart), is said by
-        # libpq in words of its own, with no SQLSTATE.
+        # libpq in words of its own, with no SQLSTATE. Read before closing: a closed one is never broken.
         lost = sqlstate is None and (conn is None or conn.broken)
+        _close(conn)
         cause = failure.cause_for(sqlstate, message, connection_lost=lost)
         raise StoreUnreadable(f"{redact(url)}: cannot read the PostgreSQL store ({cause}): {message}", cause) from exc
+    except BaseException:
+        _close(conn)
+        raise
+
+
+def _close(conn: Any) -> None:
+    if conn is not None:
+        conn.close()
 
 
 def _copy_rows(cur: Any, session_id: str | None, image: sqlite3.Connection, where: Path) -> None:
