@@ -27,7 +27,7 @@ from hermes.state import SessionDB
 from supervisor.chaos.campaign import Campaign
 from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.scenarios import SCENARIOS, SESSION
-from supervisor.procs.pool import Pool
+from supervisor.procs.pool import Pool, WorkerProcess
 from targetkit import registry
 
 FLOOR_TARGET = 250.0    # no-op worker cycles/s, jobs=2
@@ -58,15 +58,12 @@ def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: boo
     errors: list[str] = []
     lifetimes: list[float] = []
 
-    def on_message(proc: Any, msg: dict[str, Any]) -> None:
-        if msg.get("type") in ("ui", "effect"):
-            proc.send({"type": "ack", "seq": msg["seq"]})
-
     def loop(j: int, n: int) -> None:
         for i in range(n):
             t0 = time.monotonic()
             proc = pool.spawn(worker_args(dbs[j], dbs[j].with_name("effects.db"), "http://127.0.0.1:9/v1",
-                                           "resume", []), incarnation=i + 1, on_message=on_message)
+                                           "resume", []), incarnation=i + 1,
+                              on_message=WorkerProcess.acknowledge)
             if not proc.wait(60):
                 proc.kill("bench-timeout")
                 proc.wait(10)

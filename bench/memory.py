@@ -13,7 +13,7 @@ from bench.recovery import RecoverySample
 from bench.table import Figure, Report, median
 from supervisor.chaos.config import CampaignConfig
 from supervisor.chaos.scenarios import SCENARIOS
-from supervisor.procs.pool import Pool
+from supervisor.procs.pool import Pool, WorkerProcess
 
 
 def bench_memory(report: Report, bench_dir: Path, runs: int, jobs: int, fork_samples: list[RecoverySample]) -> None:
@@ -71,7 +71,7 @@ def _template_rss() -> float | None:
         # It is ready once it answers a spawn; a bogus worker (usage error) is enough.
         worker = pool.spawn(["resume", "--db", "/nonexistent/state.db", "--session", "x",
                              "--base-url", "http://127.0.0.1:9/v1", "--model", "m"], incarnation=1,
-                            on_message=lambda p, m: None)
+                            on_message=WorkerProcess.acknowledge)
         worker.wait(60)
         return psutil.Process(proc.pid).memory_info().rss / 2**20
     finally:

@@ -93,9 +93,8 @@ def recovery_cycle(pool: Any, work: Path, base_url: str, arrivals: _Arrivals,
         kind = msg.get("type")
         if proc.incarnation == 2 and kind in ("hello", "probe"):
             marks.setdefault("hello" if kind == "hello" else str(msg.get("name")), time.monotonic())
-        if kind in ("ui", "effect"):
-            proc.send({"type": "ack", "seq": msg["seq"]})
-        elif kind == "probe" and msg.get("kill"):
+        proc.acknowledge(msg)
+        if kind == "probe" and msg.get("kill"):
             # External kill mode: the worker now blocks at the kill point until we kill it.
             rss.append(_rss_of(proc.pid))
             kill_time.append(time.monotonic())
@@ -118,12 +117,16 @@ def recovery_cycle(pool: Any, work: Path, base_url: str, arrivals: _Arrivals,
     second = pool.spawn(worker_args(db, ledger, base_url, "resume", []), incarnation=2, on_message=on_message)
     marks["spawned"] = time.monotonic()
     arrived = arrivals.first_after(kill_time[0], timeout)
-    if not second.wait(timeout):
+    ended_by_itself = second.wait(timeout)
+    if not ended_by_itself:
         second.kill("bench-timeout")
         second.wait(10)
     if arrived is None:
         raise RuntimeError("the resumed worker never sent its model request")
-    ok = bool(outcome) and outcome[-1].get("outcome") == "completed"
+    # A resumed turn counts only if its worker also finished: one left waiting (e.g. on an ack it
+    # never got) did not complete a recovery, whatever it reported.
+    ok = (ended_by_itself and second.returncode == 0 and bool(outcome)
+          and outcome[-1].get("outcome") == "completed")
     marks["kill"], marks["arrived"] = kill_time[0], arrived
     return RecoverySample((arrived - kill_time[0]) * 1000, *rss[0], ok,
                           {name: (t - kill_time[0]) * 1000 for name, t in marks.items()})

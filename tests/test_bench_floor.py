@@ -1,4 +1,4 @@
-"""bench.floor, bench.peers and bench.profile, in-process on small sizes. Nothing here is about speed:
+"""bench.floor, bench.peers, bench.profile and one recovery cycle, in-process on small sizes. Nothing here is about speed:
 only that each measurement runs, cleans up after itself and says what it measured."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import floor, peers, profile
+from bench import floor, peers, profile, recovery
 from bench.table import Report, render
 from supervisor.procs.pool import Pool
 
@@ -65,3 +65,12 @@ def test_a_forked_worker_profiles_itself_when_asked(tmp_path: Path) -> None:
     saved = list(profiling.workers.glob("worker-*.pyisession"))
     assert len(saved) == 1, saved
     assert "resumed workers combined" in profile._worker_summary(profiling.workers, tmp_path / "tree.txt")
+
+
+def test_one_recovery_cycle_resumes_and_its_worker_ends_by_itself(tmp_path: Path) -> None:
+    """The bench's supervisor answers every report a worker waits on (a final answer included):
+    the resumed worker finishes on its own instead of waiting out the bench's timeout."""
+    samples = recovery.measure_recovery(True, runs=1, bench_dir=tmp_path, warmup=0)
+    assert len(samples) == 1 and samples[0].resumed_ok, samples
+    assert {"reaped", "spawned", "hello", "arrived"} <= set(samples[0].marks_ms), samples[0].marks_ms
+    assert list(tmp_path.iterdir()) == []

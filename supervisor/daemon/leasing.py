@@ -87,15 +87,12 @@ class Leasing:
             lease = self.by_incarnation.get(proc.incarnation)
             if lease is not None:
                 lease.reached = True
-        elif kind in ("ui", "effect"):
-            proc.send({"type": "ack", "seq": msg.get("seq")})  # the worker waits for this
         elif kind == "outcome":
             lease = self.by_incarnation.get(proc.incarnation)
             if lease is not None:
                 lease.outcome = msg.get("result")
             self.daemon.metrics.note_outcome(msg.get("result"))
-            if "seq" in msg:  # the worker waits for this before it lets go of its database
-                proc.send({"type": "ack", "seq": msg["seq"]})
+        proc.acknowledge(msg)  # after the outcome is noted: the worker holds its database until then
 
     def on_log(self, proc: WorkerProcess, line: bytes) -> None:
         text = line.decode("utf-8", "replace").rstrip()

@@ -150,6 +150,12 @@ class WorkerProcess:
         except ChannelClosed:
             pass  # it died; the reaper records how
 
+    def acknowledge(self, message: dict[str, Any]) -> None:
+        """Answer a report the worker waits on (it carries a `seq`): a projection, an effect, a
+        final answer. A supervisor that records nothing still has to answer, or the worker waits."""
+        if "seq" in message:
+            self.send({"type": "ack", "seq": message["seq"]})
+
     def _same_process(self) -> bool:
         """Guard against pid reuse: the pid must still be the process we started."""
         if self.exited.is_set():

@@ -97,8 +97,7 @@ class TwinRecovery(Nemesis):
 
         def ack_and_remember(proc: WorkerProcess, msg: dict[str, Any]) -> None:
             last.update(type=msg.get("type"), tool=msg.get("tool"))
-            if "seq" in msg:
-                proc.send({"type": "ack", "seq": msg["seq"]})
+            proc.acknowledge(msg)
 
         proc = case.pool.spawn(args, incarnation=case.next_incarnation(), on_message=ack_and_remember,
                                on_log=case.on_log, label=f"{case.case.case_id} {name}", cwd=twin)
