@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import supervisor.chaos.runner as runner_module
 from bench.floor import measure_floor, report_floor
+from bench.profile import Profiling, held_by, unavailable
 from bench.recovery import worker_args
 from bench.table import Figure, Report, median
 from hermes.extras import install_line
@@ -40,10 +41,17 @@ USER_TARGET = "example-loop-fixed"  # a target of one's own, two files (examples
 USER_TARGET_RATIO = 1.5  # at most this many of our cases' cost for one of a user's target
 POSTGRES_RATIO = 2.0     # a case on PostgreSQL costs at most this many of the same case on SQLite
 POWER_CUT_RATIO = 1.5    # a case whose kill is a power cut costs at most this many process-kill cases
+# A no-op worker's steps past its fork, as the frames they start at (bench.profile.held_by).
+NOOP_CODE = (("parse_args", "argparse.py"), ("__init__", "link.py"), ("_open_db", "hermes.py"),
+             ("open_ledger", "__init__.py"), ("create_session", "connection.py"), ("acquire_lease", "connection.py"),
+             ("_build_agent", "hermes.py"), ("_report", "main.py"), ("close", "connection.py"), ("close", "ledger.py"))
+PROFILED_NOOPS = 20
 
 
-def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: bool = True) -> tuple[float, float]:
+def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: bool = True,
+                        profile: Profiling | None = None) -> tuple[float, float]:
     """Reference: workers with nothing to do (resume of an idle session) through one pool, `jobs` at a time.
+    `profile`: the workers profile themselves into it (bench.profile).
 
     Returns (cycles per second, median spawn -> exit milliseconds of one such worker).
     """
@@ -54,7 +62,7 @@ def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: boo
         with SessionDB(work / str(j) / "state.db") as db:
             db.create_session(SESSION, source="bench")
         dbs.append(work / str(j) / "state.db")
-    pool = Pool(forkserver=forkserver)
+    pool = Pool(forkserver=forkserver, env=profile.env() if profile is not None else None)
     errors: list[str] = []
     lifetimes: list[float] = []
 
@@ -87,6 +95,20 @@ def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: boo
     if errors:
         raise RuntimeError(errors[0])
     return (cycles // jobs) * jobs / wall, median(lifetimes) * 1000
+
+
+def _what_holds_the_pool(bench_dir: Path, lifetime_ms: float, fork_ms: float) -> str:
+    """What holds the pool's floor: a no-op worker's own work past its fork, and the profile line
+    that holds that (a separate pass of PROFILED_NOOPS cycles whose workers profile themselves)."""
+    held = (f"held by the no-op worker's own work: {lifetime_ms:.1f} ms from spawn to reaped exit against "
+            f"{fork_ms:.1f} ms for a warm-template fork of a child that exits at once")
+    why_not = unavailable(samplers=False)
+    if why_not is not None:
+        return f"{held}; no profile line: {why_not}"
+    profile = Profiling(Path(tempfile.mkdtemp(prefix="noop-profile-", dir=bench_dir)), samplers=False)
+    measure_noop_cycles(1, PROFILED_NOOPS, bench_dir, profile=profile)
+    line = held_by(profile.workers, NOOP_CODE)
+    return f"{held}; " + (line.describe() if line is not None else "the profile sampled none of its steps")
 
 
 def measure_fork_cycles(jobs: int, cycles: int) -> float:
@@ -197,13 +219,15 @@ def bench_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: 
     """
     reference, lifetime = measure_noop_cycles(jobs, noop_cycles, bench_dir)
     forks = measure_fork_cycles(jobs, max(200, noop_cycles * 10))
-    report.add(Figure(f"pool floor: no-op worker cycles/s, jobs={jobs}", reference, "/s", forks,
-                      ratio=reference / forks, target=f">= {FLOOR_TARGET:.0f}/s", passed=reference >= FLOOR_TARGET,
-                      note=f"{noop_cycles} cycles of a forked `resume` with nothing to resume (median "
-                           f"{lifetime:.1f} ms spawn to reaped exit); reference: bare fork() + _exit + waitpid of "
-                           f"the bench process, jobs={jobs}"))
     # The floor this section is judged by, measured now (the load moves between sections).
     floor = measure_floor(bench_dir, floor_runs, jobs)
+    note = (f"{noop_cycles} cycles of a forked `resume` with nothing to resume (median {lifetime:.1f} ms spawn to "
+            f"reaped exit); reference: bare fork() + _exit + waitpid of the bench process, jobs={jobs}")
+    if reference < FLOOR_TARGET:
+        note += "; " + _what_holds_the_pool(bench_dir, lifetime, floor.template_fork_ms)
+    report.add(Figure(f"pool floor: no-op worker cycles/s, jobs={jobs}", reference, "/s", forks,
+                      ratio=reference / forks, target=f">= {FLOOR_TARGET:.0f}/s", passed=reference >= FLOOR_TARGET,
+                      note=note))
     report_floor(report, floor, "campaign", floor_runs)
     report.add(Figure(f"pool floor vs the warm-template fork floor, jobs={jobs}", reference, "/s",
                       floor.template_rate, ratio=reference / floor.template_rate,

@@ -21,8 +21,9 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from hermes.extras import install_line
 
@@ -37,24 +38,27 @@ def py_spy() -> str | None:
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
-def unavailable() -> str | None:
-    """Why --profile cannot run here, or None."""
+def unavailable(samplers: bool = True) -> str | None:
+    """Why --profile (`samplers`: py-spy too; else the workers' own profiles alone) cannot run here, or None."""
     try:
         import pyinstrument  # noqa: F401
     except ImportError:
         return f"pyinstrument is not installed: {install_line('bench')}"
-    if py_spy() is None:
+    if samplers and py_spy() is None:
         return f"py-spy is not installed: {install_line('bench')}"
     return None
 
 
 class Profiling:
-    """The profilers of one run of fork-server recovery cycles, writing into `directory`."""
+    """The profilers of one run of fork-server recovery cycles, writing into `directory`.
+    `samplers=False`: the workers profile themselves and nothing is attached to the others
+    (pyinstrument alone; what `held_by` reads)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, samplers: bool = True) -> None:
         self.dir = Path(directory)
         self.workers = self.dir / "workers"
         self.workers.mkdir(parents=True, exist_ok=True)
+        self.samplers = samplers
         self._samplers: dict[str, subprocess.Popen[bytes]] = {}
 
     def env(self) -> dict[str, str]:
@@ -62,7 +66,9 @@ class Profiling:
         return {PROFILE_ENV: str(self.workers)}
 
     def attach(self, name: str, pid: int) -> None:
-        """Sample process `pid` into `NAME.txt` until `detach`."""
+        """Sample process `pid` into `NAME.txt` until `detach` (with `samplers`)."""
+        if not self.samplers:
+            return
         exe = py_spy()
         assert exe is not None
         with open(self.dir / f"{name}.log", "wb") as log:  # the child keeps its own copy of the descriptor
@@ -147,6 +153,70 @@ def _worker_summary(directory: Path, out: Path) -> str:
              f"(pyinstrument, from the fork to the exit; whole tree in {out.name})"]
     lines += _top_functions(combined.root_frame(), len(resumed))
     return "\n".join(lines)
+
+
+Code = tuple[str, str]  # (function, file name): a frame pyinstrument recorded, e.g. ("_open_db", "hermes.py")
+
+
+@dataclass(frozen=True)
+class Held:
+    """Where the profiled workers spent a stage's time: the heaviest of the stage's entry frames
+    (inclusive) and, anywhere under the stage's entry frames, the line with the most self time."""
+    workers: int
+    entry: str
+    entry_ms: float
+    line: str
+    line_ms: float
+
+    def describe(self) -> str:
+        return (f"its heaviest profile line, pyinstrument over {self.workers} profiled workers: `{self.entry}` "
+                f"{self.entry_ms:.2f} ms per worker, most of it in `{self.line}` {self.line_ms:.2f} ms")
+
+
+def held_by(directory: Path, entries: Sequence[Code]) -> Held | None:
+    """`Held` for the stage whose code starts at the frames `entries`, from the worker profiles
+    in `directory` (None: no profile, or none of those frames was sampled)."""
+    from pyinstrument.session import Session
+
+    sessions = [Session.load(str(p)) for p in sorted(Path(directory).glob("worker-*.pyisession"))]
+    if not sessions:
+        return None
+    combined = sessions[0]
+    for session in sessions[1:]:
+        combined = Session.combine(combined, session)
+    wanted = set(entries)
+    inclusive: collections.Counter[str] = collections.Counter()
+    own: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+
+    def name(frame: Any) -> str:
+        return f"{frame.function} ({Path(frame.file_path_short or '?').name}:{frame.line_no})"
+
+    def below(frame: Any, entry: str) -> None:  # inside a stage: every line's self time
+        # What its named callees did not take; pyinstrument's synthetic children ("[self]", time in C
+        # code it could not name) are the frame's own.
+        named = [child for child in frame.children if not child.function.startswith("[")]
+        own[entry][name(frame)] += frame.time - sum(child.time for child in named)
+        for child in named:
+            below(child, entry)
+
+    def walk(frame: Any) -> None:  # outside: look for the stage's entry frames
+        if (frame.function, Path(frame.file_path_short or "?").name) in wanted:
+            entry = name(frame)
+            inclusive[entry] += frame.time
+            below(frame, entry)
+            return
+        for child in frame.children:
+            walk(child)
+
+    root = combined.root_frame()
+    if root is not None:
+        walk(root)
+    if not inclusive:
+        return None
+    (entry, entry_s), = inclusive.most_common(1)
+    (line, line_s), = own[entry].most_common(1)
+    n = len(sessions)
+    return Held(n, entry, entry_s * 1000 / n, line, line_s * 1000 / n)
 
 
 def _top_functions(root: Any, workers: int) -> list[str]:

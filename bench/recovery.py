@@ -15,7 +15,7 @@ import psutil
 
 from bench.charts import collected
 from bench.floor import RECOVERY_COMMITS, RECOVERY_STEPS, Floor, measure_floor, report_floor
-from bench.profile import Profiling
+from bench.profile import Profiling, held_by, unavailable
 from bench.table import Figure, Report, median
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, SESSION, campaign_script
 from supervisor.procs.pool import Pool
@@ -61,6 +61,19 @@ STAGES = (("kill -> reaped", "reaped"), ("reaped -> forked", "spawned"), ("forke
           ("running -> resume begins (open, lease)", "resume.begin"),
           ("resume begins -> tool block reconciled", "resume.reconciled"),
           ("reconciled -> model request built", "model.request"), ("request built -> at the server", "arrived"))
+
+# The code each stage of a resumed worker runs, as the frames it starts at (bench.profile.held_by):
+# a missed goal names the stage that holds it and the profile line that holds that stage.
+STAGE_CODE = {
+    "forked -> worker running": (("parse_args", "argparse.py"), ("__init__", "link.py")),
+    "running -> resume begins (open, lease)": (("_open_db", "hermes.py"), ("open_ledger", "__init__.py"),
+                                               ("create_session", "connection.py"), ("acquire_lease", "connection.py"),
+                                               ("_build_agent", "hermes.py")),
+    "resume begins -> tool block reconciled": (("start_turn", "runner.py"), ("_reconcile_tool_block", "resume.py")),
+    "reconciled -> model request built": (("count_model_call", "turn.py"),),
+    "request built -> at the server": (("create", "chat_request.py"),),
+}
+PROFILED_RUNS = 10  # the profiled pass that names a missed goal's profile line
 
 
 @dataclass
@@ -186,6 +199,29 @@ def _stage_floors(floor: Floor) -> dict[str, tuple[float, str]]:
             "request built -> at the server": (floor.http_new_ms, "loopback HTTP round trip, new connection")}
 
 
+def _what_holds_it(stages: list[tuple[str, float | None]], floors: dict[str, tuple[float, str]], whole_ms: float,
+                   bench_dir: Path, profile: Profiling | None) -> str:
+    """The stage furthest above the floor step it cannot beat (a Python-only stage: above nothing),
+    and the profile line that holds that stage: from `profile` when the cycles were profiled, else
+    from a separate pass of PROFILED_RUNS cycles whose workers profile themselves (pyinstrument)."""
+    measured = [(label, ms, floors.get(label, (0.0, "nothing: Python work only"))) for label, ms in stages
+                if ms is not None]
+    if not measured:
+        return "no stage was measured"
+    label, ms, (ref, what) = max(measured, key=lambda item: item[1] - item[2][0])
+    held = f"held by the stage {label} ({ms:.1f} of the {whole_ms:.1f} ms, against {ref:.1f} ms: {what})"
+    if label not in STAGE_CODE:
+        return held + "; a step of the supervisor or the template, not of the worker's profile"
+    why_not = unavailable(samplers=False)
+    if why_not is not None:
+        return f"{held}; no profile line: {why_not}"
+    if profile is None:
+        profile = Profiling(Path(tempfile.mkdtemp(prefix="recovery-profile-", dir=bench_dir)), samplers=False)
+        measure_recovery(True, PROFILED_RUNS, bench_dir, profile=profile)
+    line = held_by(profile.workers, STAGE_CODE[label])
+    return f"{held}; " + (line.describe() if line is not None else "the profile sampled none of its code")
+
+
 def bench_recovery(report: Report, bench_dir: Path, fork_runs: int, fresh_runs: int,
                    floor_runs: int = 50, profile_dir: Path | None = None) -> list[RecoverySample]:
     """`profile_dir`: also profile the fork-server cycles, one profile per process kind (bench.profile)."""
@@ -196,6 +232,8 @@ def bench_recovery(report: Report, bench_dir: Path, fork_runs: int, fresh_runs: 
     if profile is not None:
         print(profile.summarize(), file=sys.stderr, flush=True)
         report.notes.append(f"recovery: the fork-server cycles were profiled (profilers slow them): {profile_dir}")
+    floors = _stage_floors(floor)
+    stages = stage_medians(fork)
     fresh = measure_recovery(False, fresh_runs, bench_dir)
     data = collected(report)  # every sample, for the recovery-latency chart
     data.recovery = {"fork server": [s.kill_to_request_ms for s in fork],
@@ -210,6 +248,8 @@ def bench_recovery(report: Report, bench_dir: Path, fork_runs: int, fresh_runs: 
             f"median of {len(fork)} forked / {len(fresh)} fresh cycles")
     if bad:
         note += f"; {bad} resumed turn(s) did not complete"
+    if f_ms > RECOVERY_TARGET_MS:
+        note += "; " + _what_holds_it(stages, floors, f_ms, bench_dir, profile)
     report.add(Figure("recovery: kill -> resumed model request, fork server", f_ms, "ms", r_ms,
                       ratio=f_ms / r_ms, target=f"<= {RECOVERY_TARGET_MS:.0f} ms",
                       passed=f_ms <= RECOVERY_TARGET_MS and not bad, note=note))
@@ -222,8 +262,7 @@ def bench_recovery(report: Report, bench_dir: Path, fork_runs: int, fresh_runs: 
                            f"{floor.http_kept_ms:.2f} ms, "
                            f"`floor (recovery)` rows, 1-minute load {floor.load}); the absolute goal is for a quiet "
                            "2-core machine, the ratio for any"))
-    floors = _stage_floors(floor)
-    for label, ms in stage_medians(fork):
+    for label, ms in stages:
         # Each stage against the floor step it cannot beat; the Python-only stages against the whole cycle.
         ref, what = floors.get(label, (f_ms, "the whole cycle"))
         report.add(Figure(f"recovery stage: {label}", ms, "ms", ref, ratio=ms / ref if ms is not None else None,

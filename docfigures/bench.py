@@ -251,7 +251,7 @@ def render_performance(store: dict[str, Any], memory: dict[str, Any], upstream: 
          f"{rate(floor.value)} (bare fork/exit/wait {rate(floor.reference)})", met(floor),
          f"{cores} busy cores at {rate(floor.value)} is {cpu_per_cycle:.1f} ms of CPU per cycle; "
          f"{floor_target:.0f}/s needs {cores * 1000 / floor_target:.1f} ms"
-         + _against_floor(table, POOL_FLOOR, "the warm template's own fork cycles")),
+         + _against_floor(table, POOL_FLOOR, "the warm template's own fork cycles") + _profile_line(table, floor.name)),
         (f"single-tool {target(single.target).replace(', ', ' warm, ', 1)} the floor",
          f"{rate(single.value)}, {times(single.ratio)}", met(single),
          f"{cpu['workers'].reference} of CPU per case ("
@@ -348,7 +348,14 @@ def _why_recovery(table: Table) -> str:
     label, worst = max(stages, key=lambda item: number(item[1].value) - number(item[1].reference))
     return (f"{whole.value} against {whole.reference} for the same steps at this machine's floor "
             f"({times(whole.ratio)}); furthest above its floor step: {label.replace(' -> ', ' → ')}, "
-            f"{worst.value} against {worst.reference} ({times(worst.ratio)})")
+            f"{worst.value} against {worst.reference} ({times(worst.ratio)})" + _profile_line(table, RECOVERY))
+
+
+def _profile_line(table: Table, name: str) -> str:
+    """'; its heaviest profile line ...' as the bench's note on row `name` says it (bench.profile.Held),
+    or nothing for a run that did not profile it."""
+    found = re.search(r"its heaviest profile line[^;]*", table.notes.get(name, ""))
+    return f"; {found.group(0)}" if found else ""
 
 
 def _against_floor(table: Table, name: str, what: str) -> str:

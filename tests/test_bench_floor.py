@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import floor, peers, profile, recovery
+from bench import campaign, floor, peers, profile, recovery
 from bench.table import Report, render
 from supervisor.procs.pool import Pool
 
@@ -74,3 +74,20 @@ def test_one_recovery_cycle_resumes_and_its_worker_ends_by_itself(tmp_path: Path
     assert len(samples) == 1 and samples[0].resumed_ok, samples
     assert {"reaped", "spawned", "hello", "arrived"} <= set(samples[0].marks_ms), samples[0].marks_ms
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(profile.unavailable(samplers=False) is not None, reason="pyinstrument is not installed")
+def test_a_missed_goal_names_its_stage_and_the_profile_line_that_holds_it(tmp_path: Path) -> None:
+    profiling = profile.Profiling(tmp_path / "prof", samplers=False)
+    campaign.measure_noop_cycles(1, 3, tmp_path, profile=profiling)
+    held = profile.held_by(profiling.workers, campaign.NOOP_CODE)
+    assert held is not None and held.workers == 4  # the three cycles and the one before them
+    entries = {f"{function} ({file}" for function, file in campaign.NOOP_CODE}
+    assert any(held.entry.startswith(e) for e in entries), held
+    assert 0 < held.line_ms <= held.entry_ms and not held.line.startswith("["), held
+    assert profile.held_by(profiling.workers, [("no_such_function", "nowhere.py")]) is None
+    # Recovery: the stage furthest above its floor step; a supervisor's stage has no worker profile line.
+    stages = [("kill -> reaped", 9.0), ("running -> resume begins (open, lease)", 3.0)]
+    floors = {"kill -> reaped": (1.0, "bare fork"), "running -> resume begins (open, lease)": (0.2, "one commit")}
+    said = recovery._what_holds_it(stages, floors, 12.0, tmp_path, None)
+    assert said.startswith("held by the stage kill -> reaped (9.0 of the 12.0 ms") and "not of the worker" in said
