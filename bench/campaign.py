@@ -48,13 +48,20 @@ NOOP_CODE = (("parse_args", "argparse.py"), ("__init__", "link.py"), ("_open_db"
 PROFILED_NOOPS = 20
 
 
-def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: bool = True,
-                        profile: Profiling | None = None) -> tuple[float, float]:
-    """Reference: workers with nothing to do (resume of an idle session) through one pool, `jobs` at a time.
-    `profile`: the workers profile themselves into it (bench.profile).
+@dataclass(frozen=True)
+class NoopCycles:
+    """Workers with nothing to do, through one pool: how fast, and what each cost the machine."""
+    rate: float          # cycles per second
+    lifetime_ms: float   # median spawn -> reaped exit of one worker
+    user_ms: float       # CPU per worker in the worker itself (its rusage, read when it is reaped) ...
+    system_ms: float     # ... and in the kernel on its behalf (its page faults, syscalls, exit)
+    minor_faults: float  # page faults per worker: most are copy-on-write copies of the template's pages
 
-    Returns (cycles per second, median spawn -> exit milliseconds of one such worker).
-    """
+
+def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: bool = True,
+                        profile: Profiling | None = None) -> NoopCycles:
+    """Reference: workers with nothing to do (resume of an idle session) through one pool, `jobs` at a time.
+    `profile`: the workers profile themselves into it (bench.profile)."""
     work = Path(tempfile.mkdtemp(prefix="noop-", dir=bench_dir))
     dbs = []
     for j in range(jobs):
@@ -82,6 +89,9 @@ def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: boo
     try:
         loop(0, 1)  # the template's start is not a cycle
         lifetimes.clear()
+        # The workers are this process's children (forked as siblings of the template, reaped here), so
+        # RUSAGE_CHILDREN over the cycles is what they cost; the template, reaped at close, is not in it.
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
         threads = [threading.Thread(target=loop, args=(j, cycles // jobs)) for j in range(jobs)]
         for t in threads:
@@ -89,12 +99,15 @@ def measure_noop_cycles(jobs: int, cycles: int, bench_dir: Path, forkserver: boo
         for t in threads:
             t.join()
         wall = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
         pool.close()
         shutil.rmtree(work, ignore_errors=True)
     if errors:
         raise RuntimeError(errors[0])
-    return (cycles // jobs) * jobs / wall, median(lifetimes) * 1000
+    done = (cycles // jobs) * jobs
+    return NoopCycles(done / wall, median(lifetimes) * 1000, (after.ru_utime - before.ru_utime) / done * 1000,
+                      (after.ru_stime - before.ru_stime) / done * 1000, (after.ru_minflt - before.ru_minflt) / done)
 
 
 def _what_holds_the_pool(bench_dir: Path, lifetime_ms: float, fork_ms: float) -> str:
@@ -217,14 +230,17 @@ def bench_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: 
     reference, the pool's floor (no-op worker cycles, same pool kind and jobs), is a figure of
     its own against bare fork()s of this process.
     """
-    reference, lifetime = measure_noop_cycles(jobs, noop_cycles, bench_dir)
+    noop = measure_noop_cycles(jobs, noop_cycles, bench_dir)
+    reference = noop.rate
     forks = measure_fork_cycles(jobs, max(200, noop_cycles * 10))
     # The floor this section is judged by, measured now (the load moves between sections).
     floor = measure_floor(bench_dir, floor_runs, jobs)
-    note = (f"{noop_cycles} cycles of a forked `resume` with nothing to resume (median {lifetime:.1f} ms spawn to "
-            f"reaped exit); reference: bare fork() + _exit + waitpid of the bench process, jobs={jobs}")
+    note = (f"{noop_cycles} cycles of a forked `resume` with nothing to resume (median {noop.lifetime_ms:.1f} ms "
+            f"spawn to reaped exit; per worker {noop.user_ms:.1f} ms of CPU in Python and C, {noop.system_ms:.1f} ms "
+            f"in the kernel, {noop.minor_faults:.0f} page faults); reference: bare fork() + _exit + waitpid of the "
+            f"bench process, jobs={jobs}")
     if reference < FLOOR_TARGET:
-        note += "; " + _what_holds_the_pool(bench_dir, lifetime, floor.template_fork_ms)
+        note += "; " + _what_holds_the_pool(bench_dir, noop.lifetime_ms, floor.template_fork_ms)
     report.add(Figure(f"pool floor: no-op worker cycles/s, jobs={jobs}", reference, "/s", forks,
                       ratio=reference / forks, target=f">= {FLOOR_TARGET:.0f}/s", passed=reference >= FLOOR_TARGET,
                       note=note))

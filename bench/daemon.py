@@ -42,7 +42,8 @@ def bench_daemon(report: Report, bench_dir: Path, turns: int, workers: int, sess
     rate = len(done) / span if span > 0 else float("nan")
     service = [(r[3] - r[2]) * 1000 for r in done]
     queued = [(r[3] - r[1]) * 1000 for r in done]
-    reference, noop_ms = measure_noop_cycles(workers, noop_cycles, bench_dir)
+    noop = measure_noop_cycles(workers, noop_cycles, bench_dir)
+    reference, noop_ms = noop.rate, noop.lifetime_ms
     failed = len(rows) - len(done)
     report.add(Figure(name, rate, "/s", reference, ratio=rate / reference, target="(informative)",
                       passed=None if not failed else False,

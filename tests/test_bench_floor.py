@@ -79,7 +79,9 @@ def test_one_recovery_cycle_resumes_and_its_worker_ends_by_itself(tmp_path: Path
 @pytest.mark.skipif(profile.unavailable(samplers=False) is not None, reason="pyinstrument is not installed")
 def test_a_missed_goal_names_its_stage_and_the_profile_line_that_holds_it(tmp_path: Path) -> None:
     profiling = profile.Profiling(tmp_path / "prof", samplers=False)
-    campaign.measure_noop_cycles(1, 3, tmp_path, profile=profiling)
+    noop = campaign.measure_noop_cycles(1, 3, tmp_path, profile=profiling)
+    # What each worker cost, read from its rusage when it was reaped (this process is its parent).
+    assert noop.rate > 0 and noop.user_ms > 0 and noop.system_ms > 0 and noop.minor_faults > 0, noop
     held = profile.held_by(profiling.workers, campaign.NOOP_CODE)
     assert held is not None and held.workers == 4  # the three cycles and the one before them
     entries = {f"{function} ({file}" for function, file in campaign.NOOP_CODE}
