@@ -7,6 +7,7 @@ which does shift, so occurrences are recomputed from the current file each run.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,10 +59,14 @@ def in_shard(mutant_id: str, shard: tuple[int, int]) -> bool:
 
 
 def parse_shard(text: str) -> tuple[int, int]:
+    """'I/N' -> (I, N); anything else raises argparse.ArgumentTypeError, whose message argparse prints."""
     index, _, count = text.partition("/")
-    i, n = int(index), int(count)
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i, n = 0, 0
     if not 1 <= i <= n:
-        raise ValueError(f"shard {text!r}: want I/N with 1 <= I <= N")
+        raise argparse.ArgumentTypeError(f"shard {text!r}: want I/N with 1 <= I <= N, e.g. 3/8")
     return i, n
 
 

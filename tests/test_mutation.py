@@ -6,6 +6,7 @@ bugs made by cosmic-ray's operators, each of which the campaign oracle must kill
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -53,8 +54,10 @@ def test_shards_split_the_mutants_without_overlap() -> None:
     for count in (1, 3, 7):
         parts = [{i for i in ids if mutants.in_shard(i, (k, count))} for k in range(1, count + 1)]
         assert sum(len(p) for p in parts) == len(ids) and set().union(*parts) == set(ids)
-    with pytest.raises(ValueError):
-        mutants.parse_shard("4/3")
+    assert mutants.parse_shard("3/8") == (3, 8)
+    for bad in ("4/3", "0/2", "x", "3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="want I/N"):
+            mutants.parse_shard(bad)
 
 
 # ------------------------------------------------------------ merge and triage
