@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
 from supervisor.argtypes import RaisingParser as _Parser
-from supervisor.argtypes import UsageError, positive_int, quiet_broken_pipe
+from supervisor.argtypes import UsageError, output_dir, positive_int, quiet_broken_pipe
 from supervisor.chaos.generator import MODES
 from supervisor.chaos.nemesis.family import FaultUnavailable, chosen, fault_names
 from supervisor.chaos.scenarios import SCENARIOS
@@ -299,7 +299,9 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
                             store=args.store, tools=args.tools, call_ids=args.call_ids)
     _check_runnable(config, args.workdir)
     if args.report is not None:
-        make_private_dirs(args.report)
+        output_dir("--report", args.report)
+    if args.regression_out is not None:
+        output_dir("--regression-out", args.regression_out)
     from supervisor.chaos.conversation import UnknownConversation
 
     try:
@@ -472,6 +474,8 @@ def run_merge(args: argparse.Namespace) -> int:
         summary = merge(args.out, args.shards)
     except MergeRefused as exc:
         raise UsageError(str(exc)) from None
+    except OSError as exc:  # the shards were read (an unreadable one is refused above): writing OUT_DIR failed
+        raise UsageError(f"OUT_DIR {args.out}: cannot write the merged report there ({exc.strerror or exc})") from None
     copy_logs(args.out, args.shards)
     print(table(summary))
     if summary["unreached"]:

@@ -98,3 +98,21 @@ def test_the_install_line_of_a_checkout_is_its_setup_script() -> None:
     if Path(sys.prefix).resolve().parent == REPO.resolve():  # this interpreter is one scripts/setup made
         assert install_line("http") == "./scripts/setup http" or install_line("http").endswith("scripts/setup http")
     assert any(req.startswith("psycopg") for req in requirements("postgres"))
+
+
+def test_an_output_directory_that_cannot_be_made_is_said_up_front_in_one_line(tmp_path: Path) -> None:
+    """--report, --regression-out and merge's OUT_DIR under a regular file: refused before any case
+    runs (chaos) or in one line after the shards were read (merge), never in a traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    for flag in ("--report", "--regression-out"):
+        done = supervisor(tmp_path, "chaos", "--scenario", "single-tool", "--limit", "1", flag, str(blocker / "out"))
+        assert done.returncode == 2, (flag, done.returncode, done.stderr)
+        assert done.stderr == f"hermes-supervisor: error: {flag} {blocker / 'out'}: cannot make this directory " \
+                              "(Not a directory)\n", done.stderr
+        assert done.stdout == "", done.stdout  # no case ran
+    shard = tmp_path / "shard"
+    assert supervisor(tmp_path, "chaos", "--scenario", "single-tool", "--limit", "1", "--report", str(shard)).returncode == 0
+    done = supervisor(tmp_path, "merge", str(blocker / "merged"), str(shard))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, (done.returncode, done.stderr)
+    assert done.stderr.startswith(f"hermes-supervisor: error: OUT_DIR {blocker / 'merged'}: cannot write"), done.stderr
