@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any, NoReturn
-
-from hermes.private_files import make_private_dirs
 
 
 class UsageError(Exception):
@@ -23,17 +20,6 @@ class RaisingParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
-
-
-def output_dir(flag: str, path: Path) -> Path:
-    """Make the output directory `path` (0700, its new parents too) before any work that would write
-    there, or raise UsageError naming `flag`: a report that cannot be written is said up front,
-    not in a traceback after the campaign ran."""
-    try:
-        make_private_dirs(path)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot make this directory ({exc.strerror or exc})") from None
-    return path
 
 
 def positive_int(text: str) -> int:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 from hermes.private_files import make_private_dirs
 from hermes.probes import POINTS
 from supervisor.argtypes import RaisingParser as _Parser
-from supervisor.argtypes import UsageError, output_dir, positive_int, quiet_broken_pipe
+from supervisor.argtypes import UsageError, positive_int, quiet_broken_pipe
 from supervisor.chaos.generator import MODES
 from supervisor.chaos.nemesis.family import FaultUnavailable, chosen, fault_names
 from supervisor.chaos.scenarios import SCENARIOS
@@ -299,9 +299,9 @@ def _run_chaos_once(args: argparse.Namespace, options: dict[str, str]) -> tuple[
                             store=args.store, tools=args.tools, call_ids=args.call_ids)
     _check_runnable(config, args.workdir)
     if args.report is not None:
-        output_dir("--report", args.report)
+        _output_dir("--report", args.report)
     if args.regression_out is not None:
-        output_dir("--regression-out", args.regression_out)
+        _output_dir("--regression-out", args.regression_out)
     from supervisor.chaos.conversation import UnknownConversation
 
     try:
@@ -461,6 +461,16 @@ def _run_campaign(config: CampaignConfig, args: argparse.Namespace) -> tuple[dic
         summary["coverage"] = coverage(results, campaign.plan.conversations,
                                        {**target.unsupported, **campaign.plan.undrawn}, target.unreachable)
     return summary, results
+
+
+def _output_dir(flag: str, path: Path) -> None:
+    """Make the output directory `path` (0700, its new parents too) before any case runs, or raise
+    UsageError naming `flag`: a report that cannot be written is said up front, not in a traceback
+    after the campaign ran."""
+    try:
+        make_private_dirs(path)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot make this directory ({exc.strerror or exc})") from None
 
 
 def run_merge(args: argparse.Namespace) -> int:
