@@ -709,14 +709,15 @@ def test_outcome_honesty_is_unknown_when_the_trajectory_log_cannot_be_read(scena
 
 # ================================================================ fails-closed
 def _storage_round(*, outcome: dict[str, Any] | None, returncode: int | None = 1, shown: bool = False,
-                   rows_after: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The history of one storage-fault round: a snapshot, the break, the worker, the mend."""
+                   rows_after: dict[str, Any] | None = None, turn: str | None = None) -> list[dict[str, Any]]:
+    """The history of one storage-fault round: a snapshot, the break, the worker, the mend.
+    `turn`: the turn the worker must name (it had read it before the fault stopped it)."""
     rows = {"1": {"role": "user", "digest": "d1"}}
     events: list[dict[str, Any]] = [
         {"t": 1.0, "type": "snapshot", "after": "exit", "rows": rows},
         {"t": 1.1, "type": "spawn", "incarnation": 2, "command": "resume", "process": -1},
         {"t": 1.2, "type": "storage_fault", "fault": "disk", "phase": "broken", "incarnation": 2,
-         "expect": "session_persistence_failed:disk"},
+         "expect": "session_persistence_failed:disk", **({"turn": turn} if turn else {})},
     ]
     if shown:
         events.append({"t": 1.3, "type": "ui", "incarnation": 2, "kind": "interim", "durable": True})
@@ -739,6 +740,10 @@ def test_fails_closed_holds_for_a_named_failure_that_changed_nothing() -> None:
     assert verdict.counts["storage_faults"] == 1
 
 
+def test_fails_closed_holds_for_a_failure_naming_the_turn_it_had_read() -> None:
+    holds(fails_closed(_storage_round(outcome=dict(CLOSED, turn_id="turn-0"), turn="turn-0")))
+
+
 def test_fails_closed_holds_trivially_without_storage_faults() -> None:
     holds(fails_closed([{"t": 1.0, "type": "snapshot", "after": "exit", "rows": {}}]))
 
@@ -751,6 +756,9 @@ def test_fails_closed_holds_trivially_without_storage_faults() -> None:
     (dict(outcome=CLOSED, returncode=None), "did not exit 1"),
     (dict(outcome=CLOSED, shown=True), "still showed"),
     (dict(outcome=CLOSED, rows_after={}), "rows changed"),
+    # It had read its interrupted turn before the damage stopped it, and its outcome names none.
+    (dict(outcome=dict(CLOSED, turn_id=None), turn="turn-0"), "did not name the turn it failed (turn-0)"),
+    (dict(outcome=dict(CLOSED, turn_id="turn-1"), turn="turn-0"), "did not name the turn it failed (turn-0)"),
 ])
 def test_fails_closed_names_each_way_of_not_failing_closed(broken: dict[str, Any], message: str) -> None:
     verdict = fails_closed(_storage_round(**broken))

@@ -284,6 +284,11 @@ SAMPLE = [
     # fault makes that write fail (the storage group; `well-formed` sees the turn's rows go on).
     ("hermes/resume.py", "core/ReplaceFalseWithTrue", "return False", "storage",
      "mixed-batch/probe:self@callback.interim.after:1@t0p0"),
+    # Recovery's handler of a failed read no longer catches it: only the storage group's `corrupt`
+    # round that damages the transcript's table alone lets a resuming worker read its turn and then
+    # fail reading its rows; the worker exits without an outcome (`outcome-honesty`, `fails-closed`).
+    ("hermes/resume.py", "core/ExceptionReplacer", "except sqlite3.Error as exc:", "storage",
+     "single-tool/probe:self@flush.begin:2@t0p0"),
 ]
 
 

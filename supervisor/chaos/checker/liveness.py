@@ -164,8 +164,10 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
     """Every worker started on storage the nemesis had broken (a `storage_fault` event with
     phase "broken", see supervisor.chaos.nemesis.storage) failed closed: it exited 1 with
     `failure_reason` "session_persistence_failed:<cause>" for the fault's cause and a
-    person-readable error; it showed nothing and ran no tool; and the transcript it left
-    is the one it found (the row snapshot before the break equals the one after mending).
+    person-readable error, naming the turn it failed (the event's `turn`: one it was asked
+    to run, or the interrupted turn it had read before the damage stopped it); it showed
+    nothing and ran no tool; and the transcript it left is the one it found (the row
+    snapshot before the break equals the one after mending).
     """
     events = list(events)
     violations = []
@@ -185,6 +187,10 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
             violations.append(Violation(FAILS_CLOSED, f"the worker on {fault.get('fault')} storage did not fail as "
                                                       f"{fault.get('expect')} with an error for a person",
                                         {**where, "outcome": result or None}))
+        if "turn" in fault and result and result.get("turn_id") != fault["turn"]:
+            violations.append(Violation(FAILS_CLOSED, f"the worker on {fault.get('fault')} storage did not name the "
+                                                      f"turn it failed ({fault['turn']})",
+                                        {**where, "outcome": result}))
         exits = [e for e in mine if e.get("type") == "exit"]
         if not exits or exits[-1].get("returncode") != EXIT_TURN_FAILED or exits[-1].get("signal") is not None:
             violations.append(Violation(FAILS_CLOSED, f"the worker on {fault.get('fault')} storage did not exit "

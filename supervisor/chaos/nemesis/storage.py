@@ -26,9 +26,12 @@ How each fault is made, for real, on the case's own files:
 * readonly -- the database file is made read-only: ``chattr +i`` as root (root ignores file
   modes), ``chmod 0400`` otherwise. SQLite then opens it read-only and the first write fails
   with SQLITE_READONLY.
-* corrupt  -- after a checkpoint, every b-tree root page but the schema page is overwritten
-  in the main file (the originals are kept in memory), so the worker's first read of a table
-  fails with "database disk image is malformed"; mending writes the originals back.
+* corrupt  -- after a checkpoint, b-tree root pages are overwritten in the main file (the
+  originals are kept in memory), so the worker's first read of such a table fails with
+  "database disk image is malformed"; mending writes the originals back. Two rounds: every
+  table's roots but the schema page's (the worker fails reading its session), then the
+  transcript's (`messages` and its indexes) alone, so that a resuming worker opens the file,
+  takes its lease and reads its turn before it meets the damage, and must name that turn.
 
 Each fault ends with a commit that touches only the header page (``user_version`` set to
 itself), so every open connection, the supervisor's read-only observer included, drops its
@@ -98,6 +101,9 @@ class StorageFault:
     """One kind of storage fault for one case directory: prepare, break, mend, release."""
 
     cause = ""
+    # Whether a resuming worker reads its interrupted turn before this fault stops it (and so
+    # must name that turn in its outcome); a worker running a new turn knows its turn either way.
+    reads_the_turn = False
 
     def __init__(self, case_dir: Path) -> None:
         self.case_dir = case_dir
@@ -251,6 +257,7 @@ class DamagedPages(StorageFault):
     def __init__(self, case_dir: Path, table: str | None = None) -> None:
         super().__init__(case_dir)
         self.table = table  # damage only this table and its indexes (None: every table)
+        self.reads_the_turn = table == "messages"  # sessions and turns read, the transcript not
         self.saved: dict[int, bytes] = {}
         self.page_size = 0
 
@@ -291,6 +298,13 @@ class DamagedPages(StorageFault):
 KINDS: dict[str, type[StorageFault]] = {"disk": FullFileSystem, "readonly": ReadOnlyFile, "corrupt": DamagedPages}
 
 
+def rounds(name: str, case_dir: Path) -> list[StorageFault]:
+    """The rounds of storage fault `name` in one case (the module docstring: `corrupt` has two)."""
+    if name == "corrupt":
+        return [DamagedPages(case_dir), DamagedPages(case_dir, table="messages")]
+    return [KINDS[name](case_dir)]
+
+
 def check_available(faults: tuple[str, ...] | list[str], scratch: Path) -> None:
     """Raise StorageFaultUnavailable for the first fault in `faults` this machine cannot make."""
     for name in faults:
@@ -328,7 +342,7 @@ class BrokenStorage(Nemesis):
 
     def __init__(self, case: Any, chosen: tuple[str, ...], resource: Any = None) -> None:
         super().__init__(case, chosen, resource)
-        self.faults = [KINDS[name](case.dir) for name in chosen]
+        self.faults = [fault for name in chosen for fault in rounds(name, case.dir)]
         self.done = False
 
     @classmethod
@@ -368,8 +382,10 @@ class BrokenStorage(Nemesis):
                 # Process index -1: no kill plan is ever aimed at this worker, and its probe hits
                 # stay out of the traces further cases are derived from.
                 proc = case.spawn(command, turn_index, -1, None)
+                named = command == "run" or fault.reads_the_turn  # the turn its outcome must name
                 case.history.record("storage_fault", fault=fault.cause, phase="broken", what=what,
-                                    incarnation=proc.incarnation, expect=f"session_persistence_failed:{fault.cause}")
+                                    incarnation=proc.incarnation, expect=f"session_persistence_failed:{fault.cause}",
+                                    **({"turn": f"turn-{turn_index}"} if named else {}))
                 case.account(fault.cause, landed=True)
                 case.finish(proc, snapshot=False)  # a corrupt file cannot be snapshotted: after mending
             finally:
