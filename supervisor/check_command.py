@@ -23,6 +23,8 @@ def run_check(args: argparse.Namespace) -> int:
         return _check_store(args.store, args.session, args.json)
     if not args.db.exists():
         raise UsageError(f"--db {args.db} does not exist")
+    if args.db.is_dir():  # a damaged database is a verdict; a directory is a wrong argument
+        raise UsageError(f"--db {args.db} is a directory, not a database file")
     try:
         verdict = check_structure(args.db, args.session)
     except StorageError as exc:
@@ -42,7 +44,8 @@ def print_verdict(verdict: dict[str, Any], where: str, as_json: bool) -> int:
                   f"{counts.get('answer-once.done_turns', 0)} done turns")
         elif verdict["valid"] is False:
             broken = sorted({v["invariant"] for v in verdict["violations"]})
-            print(f"{where}: NOT valid: {len(verdict['violations'])} violations of {', '.join(broken)} "
+            n = len(verdict["violations"])
+            print(f"{where}: NOT valid: {n} violation{'' if n == 1 else 's'} of {', '.join(broken)} "
                   "(--json shows each, with its witness)")
         else:
             print(f"{where}: unknown: {' '.join(str(verdict.get('message', '')).split())}")

@@ -75,6 +75,22 @@ def test_check_says_its_verdict_in_one_line_and_all_of_it_with_json(tmp_path: Pa
     assert whole.returncode == 0 and json.loads(whole.stdout)["valid"] is True
     missing = supervisor(tmp_path, "check", "--db", str(db), "--session", "nobody")
     assert missing.returncode == 1 and missing.stdout.count("\n") == 1 and "unknown" in missing.stdout
+    # A directory is a wrong argument (exit 2, one line), not a damaged database (exit 1).
+    folder = supervisor(tmp_path, "check", "--db", str(tmp_path))
+    assert folder.returncode == 2 and folder.stdout == "", folder
+    assert folder.stderr == f"hermes-supervisor: error: --db {tmp_path} is a directory, not a database file\n"
+
+
+def test_check_counts_its_violations_in_words(capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.check_command import print_verdict
+
+    one = {"valid": False, "violations": [{"invariant": "answer-once"}]}
+    assert print_verdict(one, "db", as_json=False) == 1
+    two = {"valid": False, "violations": [{"invariant": "answer-once"}, {"invariant": "well-formed"}]}
+    print_verdict(two, "db", as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("db: NOT valid: 1 violation of answer-once (")
+    assert lines[1].startswith("db: NOT valid: 2 violations of answer-once, well-formed (")
 
 
 def test_no_message_offers_an_install_line_that_cannot_work() -> None:
