@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 import supervisor.chaos.runner as runner_module
 from bench.floor import measure_floor, report_floor
-from bench.profile import Profiling, held_by, unavailable
+from bench.profile import Profiling, profile_line
 from bench.recovery import worker_args
 from bench.table import Figure, Report, median
 from hermes.extras import install_line
@@ -115,13 +115,8 @@ def _what_holds_the_pool(bench_dir: Path, lifetime_ms: float, fork_ms: float) ->
     that holds that (a separate pass of PROFILED_NOOPS cycles whose workers profile themselves)."""
     held = (f"held by the no-op worker's own work: {lifetime_ms:.1f} ms from spawn to reaped exit against "
             f"{fork_ms:.1f} ms for a warm-template fork of a child that exits at once")
-    why_not = unavailable(samplers=False)
-    if why_not is not None:
-        return f"{held}; no profile line: {why_not}"
-    profile = Profiling(Path(tempfile.mkdtemp(prefix="noop-profile-", dir=bench_dir)), samplers=False)
-    measure_noop_cycles(1, PROFILED_NOOPS, bench_dir, profile=profile)
-    line = held_by(profile.workers, NOOP_CODE)
-    return f"{held}; " + (line.describe() if line is not None else "the profile sampled none of its steps")
+    return f"{held}; " + profile_line(bench_dir, NOOP_CODE,
+                                      lambda into: measure_noop_cycles(1, PROFILED_NOOPS, bench_dir, profile=into))
 
 
 def measure_fork_cycles(jobs: int, cycles: int) -> float:

@@ -21,9 +21,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from hermes.extras import install_line
 
@@ -217,6 +218,20 @@ def held_by(directory: Path, entries: Sequence[Code]) -> Held | None:
     (line, line_s), = own[entry].most_common(1)
     n = len(sessions)
     return Held(n, entry, entry_s * 1000 / n, line, line_s * 1000 / n)
+
+
+def profile_line(bench_dir: Path, entries: Sequence[Code], run_pass: Callable[[Profiling], object],
+                 profile: Profiling | None = None) -> str:
+    """`Held.describe()` of the code starting at `entries`: from `profile`, else from a pass that
+    `run_pass` makes into a new workers-only profile under `bench_dir`; or why there is none."""
+    why_not = unavailable(samplers=False)
+    if why_not is not None:
+        return f"no profile line: {why_not}"
+    if profile is None:
+        profile = Profiling(Path(tempfile.mkdtemp(prefix="profile-", dir=bench_dir)), samplers=False)
+        run_pass(profile)
+    line = held_by(profile.workers, entries)
+    return line.describe() if line is not None else "the profile sampled none of its code"
 
 
 def _top_functions(root: Any, workers: int) -> list[str]:

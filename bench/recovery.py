@@ -15,7 +15,7 @@ import psutil
 
 from bench.charts import collected
 from bench.floor import RECOVERY_COMMITS, RECOVERY_STEPS, Floor, measure_floor, report_floor
-from bench.profile import Profiling, held_by, unavailable
+from bench.profile import Profiling, profile_line
 from bench.table import Figure, Report, median
 from supervisor.chaos.scenarios import MODEL, SCENARIOS, SESSION, campaign_script
 from supervisor.procs.pool import Pool
@@ -212,14 +212,9 @@ def _what_holds_it(stages: list[tuple[str, float | None]], floors: dict[str, tup
     held = f"held by the stage {label} ({ms:.1f} of the {whole_ms:.1f} ms, against {ref:.1f} ms: {what})"
     if label not in STAGE_CODE:
         return held + "; a step of the supervisor or the template, not of the worker's profile"
-    why_not = unavailable(samplers=False)
-    if why_not is not None:
-        return f"{held}; no profile line: {why_not}"
-    if profile is None:
-        profile = Profiling(Path(tempfile.mkdtemp(prefix="recovery-profile-", dir=bench_dir)), samplers=False)
-        measure_recovery(True, PROFILED_RUNS, bench_dir, profile=profile)
-    line = held_by(profile.workers, STAGE_CODE[label])
-    return f"{held}; " + (line.describe() if line is not None else "the profile sampled none of its code")
+    return f"{held}; " + profile_line(bench_dir, STAGE_CODE[label],
+                                      lambda into: measure_recovery(True, PROFILED_RUNS, bench_dir, profile=into),
+                                      profile)
 
 
 def bench_recovery(report: Report, bench_dir: Path, fork_runs: int, fresh_runs: int,
