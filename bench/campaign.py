@@ -7,20 +7,22 @@ process kills, and upstream hermes-agent's exhaustive campaign against ours on t
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
 import os
 import resource
 import shutil
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import supervisor.chaos.runner as runner_module
 from bench.floor import measure_floor, report_floor
-from bench.profile import Profiling, profile_line
+from bench.profile import Profiling, profile_line, timed_calls
 from bench.recovery import worker_args
 from bench.table import Figure, Report, median
 from hermes.extras import install_line
@@ -46,6 +48,9 @@ NOOP_CODE = (("parse_args", "argparse.py"), ("__init__", "link.py"), ("_open_db"
              ("open_ledger", "__init__.py"), ("create_session", "connection.py"), ("acquire_lease", "connection.py"),
              ("_build_agent", "hermes.py"), ("_report", "main.py"), ("close", "connection.py"), ("close", "ledger.py"))
 PROFILED_NOOPS = 20
+# ... and a case's worker's: a no-op worker's steps and the command it runs.
+CASE_CODE = (*NOOP_CODE, ("_run_command", "hermes.py"))
+PROFILED_CASES = 20  # cases of the profiled pass that names what holds a missed campaign goal
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,26 @@ def _what_holds_the_pool(bench_dir: Path, lifetime_ms: float, fork_ms: float) ->
                                       lambda into: measure_noop_cycles(1, PROFILED_NOOPS, bench_dir, profile=into))
 
 
+def _what_holds_a_case(cpu: dict[str, float], workers_line: Callable[[], str]) -> str:
+    """What holds a campaign's cost per case: the largest part of its CPU per warm case and, when that
+    is the workers', the profile line that holds them (`workers_line`)."""
+    if not cpu:
+        return "no CPU split: the campaign judged fewer than two cases"
+    part = max(cpu, key=cpu.__getitem__)
+    held = f"held by the {part}: {cpu[part]:.1f} of {sum(cpu.values()):.1f} ms of CPU per warm case"
+    if part != "workers":
+        return f"{held}, not a worker's code (no worker profile names its line)"
+    return f"{held}; {workers_line()}"
+
+
+def _case_profile_line(bench_dir: Path, jobs: int) -> Callable[[], str]:
+    """The profile line that holds a single-tool case's workers, measured at most once, on first use:
+    a separate pass of PROFILED_CASES cases whose workers profile themselves (only a worker that ends
+    by itself saves its profile; a killed one cannot)."""
+    return functools.cache(lambda: profile_line(bench_dir, CASE_CODE, lambda into: _campaign(
+        bench_dir, ["single-tool"], jobs, PROFILED_CASES, profile=into)))
+
+
 def measure_fork_cycles(jobs: int, cycles: int) -> float:
     """Bare fork() + _exit(0) + waitpid() cycles per second of this process, `jobs` threads at a
     time: what a worker's cycle cannot beat."""
@@ -161,11 +186,13 @@ def _template_cpu(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def measure_campaign(config: Any, progress: Callable[[str], None] | None = None) -> CampaignRun:
+def measure_campaign(config: Any, progress: Callable[[str], None] | None = None,
+                     worker_env: dict[str, str] | None = None) -> CampaignRun:
     """Campaign.run() in-process, with where its CPU went between its first and its last verdict
     (the template is warm by then): per case, the template (its own CPU, forks included), the
     workers (every process this one reaped meanwhile: workers, and the `cp` of each snapshot
-    copy), the checker (the thread CPU of `check_case`) and the rest of the supervisor."""
+    copy), the checker (the thread CPU of `check_case`) and the rest of the supervisor.
+    `worker_env`: on top of this process's environment in every worker's (a profiled pass)."""
     done: list[float] = []
     marks: list[tuple[float, float, float, float]] = []
     checker = [0.0]
@@ -195,7 +222,7 @@ def measure_campaign(config: Any, progress: Callable[[str], None] | None = None)
 
     runner_module.check_case = timed_check
     try:
-        campaign = Campaign(config, progress=on_progress)
+        campaign = Campaign(config, progress=on_progress, worker_env=worker_env)
         results = campaign.run()
     finally:
         runner_module.check_case = original
@@ -247,6 +274,7 @@ def bench_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: 
                            f"once, {jobs} at a time), 1-minute load {floor.load}: the share of a no-op cycle that is "
                            "the fork itself"))
     single_rate: float | None = None
+    workers_line = _case_profile_line(bench_dir, jobs)
     for name in scenarios:
         kill_modes = ("self", "external") if name == "single-tool" else ("self",)
         run = _campaign(bench_dir, [name], jobs, limit, kill_modes)
@@ -268,6 +296,8 @@ def bench_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: 
                 f"floor above")
         if violations or unknown:
             note += f"; {violations} VIOLATION(s), {unknown} unknown verdict(s)"
+        if name == "single-tool" and passed is False:
+            note += "; " + _what_holds_a_case(run.cpu, workers_line)
         report.add(Figure(f"campaign {name}: cycles/s", steady, "/s", reference, ratio=ratio,
                           target=target, passed=passed if not violations else False, note=note))
         if name == "single-tool":
@@ -283,7 +313,7 @@ def bench_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: 
                           floor.template_rate, ratio=single_rate / floor.template_rate, target="(informative)",
                           note=f"a case is two forked workers (the killed one and its resumption), their fsynced "
                                f"commits and model requests, and the check; 1-minute load {floor.load}"))
-    bench_demo_campaign(report, bench_dir, scenarios, jobs, limit, reference)
+    bench_demo_campaign(report, bench_dir, scenarios, jobs, limit, reference, workers_line)
     bench_user_target(report, bench_dir, jobs, limit)
     bench_store_and_power_cuts(report, bench_dir, jobs, limit)
     bench_upstream_campaign(report, bench_dir, jobs, upstream_limit)
@@ -319,6 +349,43 @@ def bench_user_target(report: Report, bench_dir: Path, jobs: int, limit: int | N
                            f"jobs={jobs}; the same scenario, kills and checks"))
 
 
+@dataclass(frozen=True)
+class VariantStep:
+    """The step a campaign variant adds to every case on SQLite: timed in the variant's run and, when
+    the variant misses its goal, profiled in a separate pass of PROFILED_CASES cases (each call
+    profiles itself in the thread that makes it: the case threads of the supervisor)."""
+    what: str    # what one call is, for people
+    unit: str    # one call, in the profile's words
+    module: str  # where the call is: module, class and method
+    cls: str
+    attr: str
+
+    def owner(self) -> Any:
+        return getattr(importlib.import_module(self.module), self.cls)
+
+    def describe(self, seconds: list[float], cases: int) -> str:
+        if not seconds:
+            return f"{self.what}: none in {cases} cases"
+        return (f"{self.what}: {len(seconds) / cases:.1f} a case at {1000 * sum(seconds) / len(seconds):.1f} ms each, "
+                f"{1000 * sum(seconds) / cases:.0f} ms of a case thread's time per case")
+
+    def profile_line(self, bench_dir: Path, jobs: int, options: dict[str, Any]) -> str:
+        def profiled_pass(into: Profiling) -> None:
+            with timed_calls(self.owner(), self.attr, [], into.workers, self.unit):
+                _campaign(bench_dir, ["single-tool"], jobs, PROFILED_CASES, **options)
+
+        entry = (self.attr, self.module.rsplit(".", 1)[-1] + ".py")
+        return profile_line(bench_dir, (entry,), profiled_pass, unit=self.unit)
+
+
+VARIANT_STEPS = {
+    "on PostgreSQL vs SQLite": VariantStep("the checker's images of each case's database", "image",
+                                           "supervisor.chaos.pgstore", "CaseDatabase", "image_to"),
+    "power cut vs process kill": VariantStep("the power cuts (kills, unmount, crash state, remount, snapshots)", "cut",
+                                             "supervisor.chaos.nemesis.powerloss", "PowerLoss", "on_kill"),
+}
+
+
 def bench_store_and_power_cuts(report: Report, bench_dir: Path, jobs: int, limit: int | None) -> None:
     """The same exhaustive single-tool campaign (self kills) on SQLite, on PostgreSQL, with every
     landed kill a power cut, and on SQLite again, in that order, so that drift in the machine's load
@@ -349,18 +416,18 @@ def bench_store_and_power_cuts(report: Report, bench_dir: Path, jobs: int, limit
     order = ["SQLite", *runnable, "SQLite again"] if runnable else []
     for name in order:
         options = variants[name][0] if name in variants else {}
-        images: list[float] = []  # seconds of each image of a PostgreSQL case's database the checker read
-        with _timed_images(images):
+        calls: dict[str, list[float]] = {step.unit: [] for step in VARIANT_STEPS.values()}
+        with contextlib.ExitStack() as timing:
+            for step in VARIANT_STEPS.values():
+                timing.enter_context(timed_calls(step.owner(), step.attr, calls[step.unit]))
             run = _campaign(bench_dir, ["single-tool"], jobs, limit, **options)
         rate = _warm_rate(run)
         per_case[name] = 1000 / rate if rate else None
         bad[name] = sum(r.verdict.valid is not True for r in run.results)
         cpu[name] = run.cpu
-        if images:
-            cases = len(run.results)
-            held[name] = (f"; the checker's images of each case's database: {len(images) / cases:.1f} a case at "
-                          f"{1000 * sum(images) / len(images):.1f} ms each, {1000 * sum(images) / cases:.0f} ms "
-                          "of a case thread's time per case")
+        step = VARIANT_STEPS.get(name)
+        if step is not None and run.results:
+            held[name] = "; " + step.describe(calls[step.unit], len(run.results))
     sqlite = [v for k, v in per_case.items() if k.startswith("SQLite") and v is not None]
     reference = sum(sqlite) / len(sqlite) if sqlite else None
     for name, (_, goal, what) in variants.items():
@@ -372,62 +439,50 @@ def bench_store_and_power_cuts(report: Report, bench_dir: Path, jobs: int, limit
         ratio = value / reference if value is not None and reference else None
         split = ", ".join(f"{part} {cpu[name].get(part, 0):.0f} (SQLite {cpu['SQLite'].get(part, 0):.0f})"
                           for part in ("workers", "supervisor", "checker"))
-        report.add(Figure(label, value, "ms", reference, ratio=ratio, target=f"<= {goal}x",
-                          passed=ratio is not None and ratio <= goal and not bad[name],
+        passed = ratio is not None and ratio <= goal and not bad[name]
+        if not passed:
+            step = VARIANT_STEPS[name]
+            held[name] = held.get(name, "") + "; " + step.profile_line(bench_dir, jobs, variants[name][0])
+        report.add(Figure(label, value, "ms", reference, ratio=ratio, target=f"<= {goal}x", passed=passed,
                           note=f"{what}{held.get(name, '')}; ms per warm case, against the mean of two SQLite process-kill runs "
                                f"before and after ({', '.join(f'{v:.1f}' for v in sqlite)} ms); CPU ms per warm "
                                f"case: {split}; jobs={jobs}"
                                + (f"; {bad[name]} case(s) not valid" if bad[name] else "")))
 
 
-@contextmanager
-def _timed_images(seconds: list[float]) -> Iterator[None]:
-    """Append to `seconds` how long each image of a PostgreSQL case's database takes meanwhile."""
-    from supervisor.chaos.pgstore import CaseDatabase
-
-    original = CaseDatabase.image_to
-    lock = threading.Lock()
-
-    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        started = time.monotonic()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            with lock:
-                seconds.append(time.monotonic() - started)
-
-    CaseDatabase.image_to = timed  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        CaseDatabase.image_to = original  # type: ignore[method-assign]
-
-
 def bench_demo_campaign(report: Report, bench_dir: Path, scenarios: list[str], jobs: int, limit: int | None,
-                        floor: float) -> None:
+                        floor: float, workers_line: Callable[[], str] | None = None) -> None:
     """The campaign `./scripts/demo` runs (every scenario, exhaustive, one pool), whole: what a new
-    user waits for. Reference: the same number of cycles at the pool's no-op floor."""
+    user waits for. Reference: the same number of cycles at the pool's no-op floor. A missed goal
+    names what holds it (`_what_holds_a_case`; `workers_line`: the profile line of a single-tool
+    case's workers, else one is measured)."""
     run = _campaign(bench_dir, scenarios, jobs, limit)
     n = len(run.results)
     at_floor = n / floor
     whole = limit is None and len(scenarios) == len(SCENARIOS)
     bad = sum(r.verdict.valid is not True for r in run.results)
     kinds = f"{len(scenarios)} scenario" + ("s" if len(scenarios) != 1 else "")
+    passed = (run.wall <= DEMO_WALL_S and not bad) if whole else None
+    note = (f"{n} cases, jobs={jobs}, template start included, {bad} not valid; reference: {n} no-op cycles at the "
+            f"pool floor above" + ("" if whole else "; not the demo's whole campaign"))
+    if passed is False:
+        line = workers_line or _case_profile_line(bench_dir, jobs)
+        note += "; " + _what_holds_a_case(run.cpu, lambda: f"a single-tool case's workers: {line()}")
     report.add(Figure(f"campaign demo ({kinds}, exhaustive): wall", run.wall, "s", at_floor,
                       ratio=run.wall / at_floor, target=f"<= {DEMO_WALL_S:.0f} s" if whole else "(informative)",
-                      passed=(run.wall <= DEMO_WALL_S and not bad) if whole else None,
-                      note=f"{n} cases, jobs={jobs}, template start included, {bad} not valid; reference: {n} no-op "
-                           f"cycles at the pool floor above" + ("" if whole else "; not the demo's whole campaign")))
+                      passed=passed, note=note))
 
 
 def _campaign(bench_dir: Path, scenarios: list[str], jobs: int, limit: int | None,
-              kill_modes: tuple[str, ...] = ("self",), target: str = "hermes", **options: Any) -> CampaignRun:
-    """One exhaustive campaign in-process; `options`: more CampaignConfig fields (store, faults)."""
+              kill_modes: tuple[str, ...] = ("self",), target: str = "hermes", profile: Profiling | None = None,
+              **options: Any) -> CampaignRun:
+    """One exhaustive campaign in-process; `options`: more CampaignConfig fields (store, faults);
+    `profile`: its workers profile themselves into it (bench.profile)."""
     work = Path(tempfile.mkdtemp(prefix=f"campaign-{'+'.join(scenarios)}-", dir=bench_dir))
     config = CampaignConfig(scenarios=scenarios, mode="exhaustive", jobs=jobs, workdir=work, keep=False,
                             limit=limit, kill_modes=kill_modes, target=target, **options)
     try:
-        return measure_campaign(config)
+        return measure_campaign(config, worker_env=profile.env() if profile is not None else None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -17,14 +17,18 @@ most on a loaded machine): read the profiles for where the time goes, the table 
 from __future__ import annotations
 
 import collections
+import itertools
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from hermes.extras import install_line
 
@@ -161,25 +165,26 @@ Code = tuple[str, str]  # (function, file name): a frame pyinstrument recorded, 
 
 @dataclass(frozen=True)
 class Held:
-    """Where the profiled workers spent a stage's time: the heaviest of the stage's entry frames
-    (inclusive) and, anywhere under the stage's entry frames, the line with the most self time."""
+    """Where the profiled workers (or other profiled units: `unit`) spent a stage's time: the heaviest
+    of the stage's entry frames (inclusive) and, anywhere under them, the line with the most self time."""
     workers: int
     entry: str
     entry_ms: float
     line: str
     line_ms: float
+    unit: str = "worker"
 
     def describe(self) -> str:
-        return (f"its heaviest profile line, pyinstrument over {self.workers} profiled workers: `{self.entry}` "
-                f"{self.entry_ms:.2f} ms per worker, most of it in `{self.line}` {self.line_ms:.2f} ms")
+        return (f"its heaviest profile line, pyinstrument over {self.workers} profiled {self.unit}s: `{self.entry}` "
+                f"{self.entry_ms:.2f} ms per {self.unit}, most of it in `{self.line}` {self.line_ms:.2f} ms")
 
 
-def held_by(directory: Path, entries: Sequence[Code]) -> Held | None:
-    """`Held` for the stage whose code starts at the frames `entries`, from the worker profiles
-    in `directory` (None: no profile, or none of those frames was sampled)."""
+def held_by(directory: Path, entries: Sequence[Code], unit: str = "worker") -> Held | None:
+    """`Held` for the stage whose code starts at the frames `entries`, from the profiles of `unit`s
+    in `directory` (`UNIT-*.pyisession`; None: no profile, or none of those frames was sampled)."""
     from pyinstrument.session import Session
 
-    sessions = [Session.load(str(p)) for p in sorted(Path(directory).glob("worker-*.pyisession"))]
+    sessions = [Session.load(str(p)) for p in sorted(Path(directory).glob(f"{unit}-*.pyisession"))]
     if not sessions:
         return None
     combined = sessions[0]
@@ -192,19 +197,23 @@ def held_by(directory: Path, entries: Sequence[Code]) -> Held | None:
     def name(frame: Any) -> str:
         return f"{frame.function} ({Path(frame.file_path_short or '?').name}:{frame.line_no})"
 
-    def below(frame: Any, entry: str) -> None:  # inside a stage: every line's self time
+    def below(frame: Any, entry: str, caller: str) -> None:  # inside a stage: every line's self time
         # What its named callees did not take; pyinstrument's synthetic children ("[self]", time in C
-        # code it could not name) are the frame's own.
+        # code it could not name) are the frame's own. A C function is named with the nearest frame of
+        # our code above it: `Cursor.execute` or `poll` alone does not say which step waits.
         named = [child for child in frame.children if not child.function.startswith("[")]
-        own[entry][name(frame)] += frame.time - sum(child.time for child in named)
+        here = name(frame)
+        line = f"{here} from {caller}" if "<built-in>" in here else here
+        own[entry][line] += frame.time - sum(child.time for child in named)
+        ours = here if getattr(frame, "is_application_code", False) else caller
         for child in named:
-            below(child, entry)
+            below(child, entry, ours)
 
     def walk(frame: Any) -> None:  # outside: look for the stage's entry frames
         if (frame.function, Path(frame.file_path_short or "?").name) in wanted:
             entry = name(frame)
             inclusive[entry] += frame.time
-            below(frame, entry)
+            below(frame, entry, entry)
             return
         for child in frame.children:
             walk(child)
@@ -217,20 +226,56 @@ def held_by(directory: Path, entries: Sequence[Code]) -> Held | None:
     (entry, entry_s), = inclusive.most_common(1)
     (line, line_s), = own[entry].most_common(1)
     n = len(sessions)
-    return Held(n, entry, entry_s * 1000 / n, line, line_s * 1000 / n)
+    return Held(n, entry, entry_s * 1000 / n, line, line_s * 1000 / n, unit)
+
+
+@contextmanager
+def timed_calls(owner: Any, attr: str, seconds: list[float], profile_into: Path | None = None,
+                unit: str = "call") -> Iterator[None]:
+    """For the block, append to `seconds` how long each call of `owner.attr` takes, from any thread;
+    with `profile_into`, each call also profiles itself (pyinstrument, in the thread that made it)
+    into `profile_into/UNIT-N.pyisession`, what `held_by(profile_into, ..., unit)` reads."""
+    original = getattr(owner, attr)
+    lock = threading.Lock()
+    numbers = itertools.count()
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        profiler = None
+        if profile_into is not None:
+            from pyinstrument import Profiler
+
+            profiler = Profiler(interval=0.0002, async_mode="disabled")
+            profiler.start()
+        started = time.monotonic()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            took = time.monotonic() - started
+            with lock:
+                seconds.append(took)
+                number = next(numbers)
+            if profiler is not None and profile_into is not None:
+                profiler.stop().save(str(profile_into / f"{unit}-{number}.pyisession"))
+
+    setattr(owner, attr, timed)
+    try:
+        yield
+    finally:
+        setattr(owner, attr, original)
 
 
 def profile_line(bench_dir: Path, entries: Sequence[Code], run_pass: Callable[[Profiling], object],
-                 profile: Profiling | None = None) -> str:
+                 profile: Profiling | None = None, unit: str = "worker") -> str:
     """`Held.describe()` of the code starting at `entries`: from `profile`, else from a pass that
-    `run_pass` makes into a new workers-only profile under `bench_dir`; or why there is none."""
+    `run_pass` makes into a new workers-only profile under `bench_dir` (a pass profiling other
+    `unit`s, e.g. with `timed_calls`, saves them in its `workers` directory too); or why there is none."""
     why_not = unavailable(samplers=False)
     if why_not is not None:
         return f"no profile line: {why_not}"
     if profile is None:
         profile = Profiling(Path(tempfile.mkdtemp(prefix="profile-", dir=bench_dir)), samplers=False)
         run_pass(profile)
-    line = held_by(profile.workers, entries)
+    line = held_by(profile.workers, entries, unit)
     return line.describe() if line is not None else "the profile sampled none of its code"
 
 

@@ -257,11 +257,11 @@ def render_performance(store: dict[str, Any], memory: dict[str, Any], upstream: 
          f"{cpu['workers'].reference} of CPU per case ("
          + ", ".join(f"{part} {cpu[part].value.removesuffix(' ms')}" for part in CPU_PARTS)
          + f"): {cores} cores allow at most {cores * 1000 / total_cpu:.0f}/s"
-         + _against_floor(table, SINGLE_FLOOR, "the warm template's own fork cycles")),
+         + _against_floor(table, SINGLE_FLOOR, "the warm template's own fork cycles") + _profile_line(table, single.name)),
         (f"`./scripts/demo`'s campaign {target(demo.target)}", f"{demo.value} ({demo_cases} cases)", met(demo),
          f"{demo_cases / number(demo.value):.1f} cases/s where {demo_limit:.0f} s needs "
          f"{demo_cases / demo_limit:.0f}/s; as many no-op cycles at the pool's floor take {demo.reference} "
-         f"({times(demo.ratio)})"),
+         f"({times(demo.ratio)})" + _profile_line(table, demo.name)),
         *[_variant(table, what, against, name) for what, against, name in VARIANTS if name in table.rows],
         (f"upstream exhaustive single-tool + writes {target(upstream_wall.target)}",
          upstream_wall.value + _dated(wall_date, run), met(upstream_wall), ""),
@@ -319,6 +319,8 @@ def _variant(table: Table, what: str, against: str, name: str) -> tuple[str, str
     if row.value == "-":
         return (f"{what} against {against}", "not measured", "no", note)
     found = [m.group(0) for m in (re.search(r"the checker's images[^;]*", note),
+                                  re.search(r"the power cuts \([^;]*", note),
+                                  re.search(r"its heaviest profile line[^;]*", note),
                                   re.search(r"CPU ms per warm case: [^;]*", note),
                                   re.search(r"`python -m bench --only powerloss`[^;]*", note)) if m]
     return (f"{what} {target(row.target)} {against}", f"{row.value}, {times(row.ratio)}", met(row),

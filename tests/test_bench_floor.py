@@ -2,6 +2,7 @@
 only that each measurement runs, cleans up after itself and says what it measured."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,38 @@ def test_a_missed_goal_names_its_stage_and_the_profile_line_that_holds_it(tmp_pa
     floors = {"kill -> reaped": (1.0, "bare fork"), "running -> resume begins (open, lease)": (0.2, "one commit")}
     said = recovery._what_holds_it(stages, floors, 12.0, tmp_path, None)
     assert said.startswith("held by the stage kill -> reaped (9.0 of the 12.0 ms") and "not of the worker" in said
+
+
+class _Step:
+    def work(self, n: int) -> int:
+        return sum(i * i for i in range(n))
+
+
+@pytest.mark.skipif(profile.unavailable(samplers=False) is not None, reason="pyinstrument is not installed")
+def test_each_timed_call_can_profile_itself_in_the_thread_that_makes_it(tmp_path: Path) -> None:
+    original, seconds = _Step.work, []
+    with profile.timed_calls(_Step, "work", seconds, tmp_path, "step"):
+        threads = [threading.Thread(target=_Step().work, args=(200_000,)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        _Step().work(10)
+    assert _Step.work is original and len(seconds) == 4 and all(s > 0 for s in seconds)
+    held = profile.held_by(tmp_path, [("work", "test_bench_floor.py")], unit="step")
+    assert held is not None and held.workers == 4 and "over 4 profiled steps" in held.describe(), held
+    assert profile.held_by(tmp_path, [("work", "test_bench_floor.py")]) is None  # no worker's profile here
+
+
+@pytest.mark.skipif(profile.unavailable(samplers=False) is not None, reason="pyinstrument is not installed")
+def test_a_missed_campaign_goal_names_the_part_of_a_case_and_the_line_that_holds_it(tmp_path: Path) -> None:
+    said = campaign._what_holds_a_case({"workers": 40.0, "supervisor": 12.0}, lambda: "LINE")
+    assert said == "held by the workers: 40.0 of 52.0 ms of CPU per warm case; LINE"
+    other = campaign._what_holds_a_case({"workers": 1.0, "checker": 5.0}, lambda: pytest.fail("profiled"))
+    assert other.startswith("held by the checker: 5.0 of 6.0 ms") and "not a worker's code" in other
+    # The profiled pass itself: single-tool cases whose workers profile themselves, measured once.
+    line = campaign._case_profile_line(tmp_path, 2)
+    said = line()
+    assert said.startswith("its heaviest profile line, pyinstrument over "), said
+    assert any(f"`{function} ({file}:" in said for function, file in campaign.CASE_CODE), said
+    assert line() == said

@@ -71,7 +71,10 @@ class Campaign:
     def __init__(self, config: CampaignConfig, progress: Callable[[str], None] | None = None,
                  history_path: Path | None = None, log_sink: Callable[[WorkerProcess, bytes], None] | None = None,
                  *, on_result: Callable[[CaseResult], None] | None = None,
-                 on_plan: Callable[[Plan], None] | None = None, campaign_id: str | None = None) -> None:
+                 on_plan: Callable[[Plan], None] | None = None, campaign_id: str | None = None,
+                 worker_env: dict[str, str] | None = None) -> None:
+        """`worker_env`: set in every worker's environment on top of this process's (the bench's
+        profiled passes: the workers profile themselves)."""
         self.config = config
         check_runnable(config)  # what the CLI refuses up front, refused here too (pgstore.StoreUnavailable)
         check_store(config.faults, config.store, config.target)  # FaultUnavailable
@@ -80,7 +83,7 @@ class Campaign:
         target = registry.get(config.target)
         # On PostgreSQL the template imports the engine (psycopg among it) once, not every worker.
         preload = (*target.preload, *(("hermes.store.pg.sessiondb",) if config.store == POSTGRES else ()))
-        self.pool = Pool(forkserver=config.forkserver and target.forkserver, preload=preload)
+        self.pool = Pool(forkserver=config.forkserver and target.forkserver, preload=preload, env=worker_env)
         # What a family of --faults keeps for all the cases (power cuts: the lazy file system servers).
         self.resources: dict[Any, Any] = {}
         for family, faults in chosen(config.faults):
