@@ -339,6 +339,42 @@ def test_well_formed_holds_on_clean_and_compacted_transcripts(scenario: Scenario
     holds(well_formed(scenario.db_path))
 
 
+@pytest.mark.parametrize("watermark, what", [
+    ("u1", "of 2 turns"),                  # turn 1's rows cloned again after its question, with turn 2's
+    ("a1", "of 2 turns"),
+    ("ans2", None),                        # nothing kept: no clone, nothing to hold
+    (None, None),
+])
+def test_well_formed_holds_a_compaction_to_one_kept_turn(scenario: Scenario, watermark: str | None,
+                                                          what: str | None) -> None:
+    """A compaction keeps one turn's rows, from its question on, right after its summary: a summary
+    followed by clones of an older turn too would show the model that turn twice."""
+    ids = build_clean(scenario)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}],
+                                    watermark=ids[watermark] if watermark else None)
+    verdict = well_formed(scenario.db_path)
+    if what is None:
+        holds(verdict)
+    else:
+        failing(verdict, "well-formed")
+        assert any(what in v.message for v in verdict.violations), verdict.to_json()
+
+
+def test_well_formed_fails_when_a_compaction_leaves_an_older_row_active(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+    scenario.raw("UPDATE messages SET active = 1 WHERE id = ?", ids["u1"])  # archived, then left active
+    violation = failing(well_formed(scenario.db_path), "well-formed")
+    assert "1 row(s) of an older turn stay active before the rows a compaction kept" in violation.message
+    assert ids["u1"] in violation.witness["row_ids"]
+
+
+def test_well_formed_fails_when_the_kept_rows_do_not_start_with_their_question(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["u2"])
+    assert "start with a assistant row" in failing(well_formed(scenario.db_path), "well-formed").message
+
+
 def test_well_formed_leaves_a_running_turn_alone(scenario: Scenario) -> None:
     build_clean(scenario)
     scenario.user("t3", "one more")

@@ -150,6 +150,12 @@ DEFECT_CASES = [
         "compaction_deletes", "compaction-deletes",
         ("--scenario", "multi-turn-compaction", "--probe", "compact.in_txn"),
         frozenset({"no-lost-rows"}), at=None)),
+    _case("compaction-keeps-older", Defect(
+        # Compaction's watermark is one row early: the second turn's answer is cloned back after the
+        # summary with the third turn's question. Already in the fault-free baseline.
+        "compaction_keeps_older", "compaction-keeps-older",
+        ("--scenario", "multi-turn-compaction", "--probe", "compact.in_txn"),
+        frozenset({"well-formed"}), at=None)),
     _case("rerun-at-most-once", Defect(
         # Recovery reruns every call whose outcome is unknown, at_most_once ones included.
         # Killed after append_note ran (tool.dispatch.after:1), the resume runs it again: the

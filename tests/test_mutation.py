@@ -289,6 +289,12 @@ SAMPLE = [
     # fail reading its rows; the worker exits without an outcome (`outcome-honesty`, `fails-closed`).
     ("hermes/resume.py", "core/ExceptionReplacer", "except sqlite3.Error as exc:", "storage",
      "single-tool/probe:self@flush.begin:2@t0p0"),
+    # A compaction inside a turn archives only up to an older turn's second-last row: the rows after it
+    # are cloned back after the summary with the running turn's, and the model sees an older turn twice
+    # (`well-formed`: the clones a compaction keeps are one turn's, from its question on).
+    ("hermes/compaction.py", "core/NumberReplacer",
+     'db.archive_and_compact(session, [_summary_row(summary)], watermark=older[-1]["_row_id"])', "sqlite",
+     "multi-turn-compaction/fault-free"),
 ]
 
 

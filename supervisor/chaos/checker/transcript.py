@@ -169,6 +169,8 @@ def well_formed(db: DB) -> Verdict:
     * no tool row stands outside such a block or answers an id its block did not ask for;
     * no assistant row is blank (no text and no tool calls);
     * an assistant row without tool calls is never directly followed by another assistant row;
+    * the rows a compaction kept (its clones, running turns' too) are one turn's, from its question on,
+      right after the summary, with no older row left active;
     * every started turn (running, done or failed) owns exactly one original user row
       (active or archived, not a compaction clone), it is the turn's first row, and its
       text is the turn's recorded user text: a turn never runs without its question.
@@ -187,9 +189,39 @@ def well_formed(db: DB) -> Verdict:
         skipped += len(rows) - len(kept)
         checked += len(kept)
         violations += _transcript_shape(session, kept)
+        violations += _compaction_kept_one_turn(session, rows)  # a compaction commits whole: running turns too
     violations += _turns_own_their_question(d)
     return verdict_of(WELL_FORMED, violations,
                       {"rows_checked": checked, "rows_of_running_turns": skipped, "violations": len(violations)})
+
+
+def _compaction_kept_one_turn(session: str, rows: list[dict[str, Any]]) -> list[Violation]:
+    """A compaction archives every active row, writes its summary and clones one turn's rows after it,
+    from that turn's question on (the running turn's, or between turns the newest one's). So the active
+    clones are rows of one turn, contiguous, the first its question, and nothing but the summary (a
+    user row of no turn) or system rows before them: an older row left active or cloned again would
+    reach the model twice, once in the summary and once as itself."""
+    clones = [i for i, r in enumerate(rows) if r.get("cloned_from") is not None]
+    if not clones:
+        return []
+    first, last = clones[0], clones[-1]
+    problems = []
+    turns = list(dict.fromkeys(rows[i]["turn_id"] for i in clones))
+    if len(turns) != 1:
+        problems.append(f"the active compaction clones are rows of {len(turns)} turns ({', '.join(map(str, turns))}), "
+                        "where a compaction keeps one turn's")
+    if last - first + 1 != len(clones):
+        problems.append("an original row stands between the active compaction clones")
+    if rows[first]["role"] != "user":
+        problems.append(f"the rows a compaction kept start with a {rows[first]['role']} row, not their turn's question")
+    left = [r for r in rows[:first] if r["role"] != "system" and not (r["role"] == "user" and r["turn_id"] is None)]
+    if left:
+        problems.append(f"{len(left)} row(s) of an older turn stay active before the rows a compaction kept")
+    if not problems:
+        return []
+    culprits = [rows[i] for i in clones[:3]] + left[:3]
+    return [Violation(WELL_FORMED, "; ".join(problems), {
+        "session": session, "row_ids": [r["id"] for r in culprits], "rows": [brief(r) for r in culprits]})]
 
 
 def _turns_own_their_question(d: Durable) -> list[Violation]:
