@@ -802,6 +802,47 @@ def test_fails_closed_names_each_way_of_not_failing_closed(broken: dict[str, Any
     failing(verdict, "fails-closed")
 
 
+def _lock_met(*, outcome: dict[str, Any] | None, returncode: int | None = 1, signal: int | None = None,
+              killed_by: str | None = None) -> list[dict[str, Any]]:
+    """The worker that met a write lock held until it was reaped (`--faults locked`)."""
+    events: list[dict[str, Any]] = [
+        {"t": 1.0, "type": "spawn", "incarnation": 1, "command": "run", "process": 0},
+        {"t": 1.1, "type": "storage_fault", "fault": "locked", "incarnation": 1, "seconds": 10.0, "budget": 2.0,
+         "expect": "session_persistence_failed:locked"},
+        {"t": 1.2, "type": "effect", "incarnation": 1, "tool": "lookup"},
+    ]
+    if killed_by is not None:
+        events.append({"t": 1.3, "type": "kill", "incarnation": 1, "signal": 9, "by": killed_by})
+    if outcome is not None:
+        events.append({"t": 3.2, "type": "outcome", "incarnation": 1, "result": outcome})
+    events.append({"t": 3.3, "type": "exit", "incarnation": 1, "returncode": returncode, "signal": signal})
+    return events
+
+
+LOCKED = {"outcome": "failed", "failure_reason": "session_persistence_failed:locked",
+          "error": "The session database stayed locked by another process past this worker's patience."}
+
+
+def test_fails_closed_holds_for_a_worker_that_gave_up_on_the_lock_or_was_killed_waiting() -> None:
+    verdict = fails_closed(_lock_met(outcome=LOCKED))
+    holds(verdict)
+    assert verdict.counts["storage_faults"] == 1
+    holds(fails_closed(_lock_met(outcome=None, returncode=None, signal=9, killed_by="self")))
+
+
+@pytest.mark.parametrize("met, message", [
+    # It outwaited the lock (held until it ended, so only a cap let it go) and finished the turn.
+    (dict(outcome={"outcome": "completed", "final_response": "done"}, returncode=0), "did not give up within"),
+    (dict(outcome=dict(LOCKED, failure_reason="session_persistence_failed:unknown")), "did not give up within"),
+    (dict(outcome=None, returncode=None, signal=9, killed_by="timeout"), "did not give up within"),
+    (dict(outcome=LOCKED, returncode=2), "did not exit 1 on its own"),
+])
+def test_fails_closed_fails_a_worker_that_does_not_give_up_on_a_held_lock(met: dict[str, Any], message: str) -> None:
+    verdict = fails_closed(_lock_met(**met))
+    assert any(message in v.message for v in verdict.violations), verdict.to_json()
+    failing(verdict, "fails-closed")
+
+
 def test_turn_liveness_fails_on_a_turn_left_running(scenario: Scenario) -> None:
     build_clean(scenario)
     scenario.user("t3", "and now?")

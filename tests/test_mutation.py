@@ -295,6 +295,12 @@ SAMPLE = [
     ("hermes/compaction.py", "core/NumberReplacer",
      'db.archive_and_compact(session, [_summary_row(summary)], watermark=older[-1]["_row_id"])', "sqlite",
      "multi-turn-compaction/fault-free"),
+    # The busy retry's deadline is a product, not a sum: a worker that meets a locked database waits
+    # without end instead of failing closed within its budget. The `locked` fault holds the lock until
+    # that worker ends (a cap lets a hanging one go on), so the turn it finishes is its failure to
+    # give up (`fails-closed`).
+    ("hermes/store/connection.py", "core/ReplaceBinaryOperator_Add_Mul", "deadline = time.monotonic() + budget_s",
+     "storage", "single-tool/fault-free"),
 ]
 
 

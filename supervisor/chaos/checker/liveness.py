@@ -167,7 +167,8 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
     person-readable error, naming the turn it failed (the event's `turn`: one it was asked
     to run, or the interrupted turn it had read before the damage stopped it); it showed
     nothing and ran no tool; and the transcript it left is the one it found (the row
-    snapshot before the break equals the one after mending).
+    snapshot before the break equals the one after mending). A worker that met a write lock held
+    until it ended (`locked`) gave up within its busy budget the same way (`_gave_up_on_the_lock`).
     """
     events = list(events)
     violations = []
@@ -205,7 +206,34 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
             changed = sorted((set(old) ^ set(new)) | {k for k in set(old) & set(new) if old[k] != new[k]})
             violations.append(Violation(FAILS_CLOSED, f"rows changed while storage was {fault.get('fault')}",
                                         {**where, "row_ids": changed[:20]}))
-    return verdict_of(FAILS_CLOSED, violations, {"storage_faults": len(broken)})
+    locked = [e for e in events if e.get("type") == "storage_fault" and e.get("fault") == "locked"
+              and e.get("incarnation") is not None and e.get("expect")]
+    for fault in locked:
+        violations += _gave_up_on_the_lock(fault, [e for e in events if e.get("incarnation") == fault["incarnation"]])
+    return verdict_of(FAILS_CLOSED, violations, {"storage_faults": len(broken) + len(locked)})
+
+
+def _gave_up_on_the_lock(fault: dict[str, Any], mine: list[dict[str, Any]]) -> list[Violation]:
+    """The worker that met a write lock held until it was reaped (`locked`) ended its wait itself,
+    within its busy budget: it failed closed as `locked` with an error for a person and exited 1
+    on its own. A worker the nemesis killed first (its planned kill landed during the wait) is
+    excused; one the harness killed for hanging is not."""
+    kills = [e for e in mine if e.get("type") == "kill"]
+    if kills and all(k.get("by") != "timeout" for k in kills):
+        return []
+    where = {"storage_fault": fault}
+    outcomes = [e.get("result") or {} for e in mine if e.get("type") == "outcome"]
+    result = outcomes[-1] if outcomes else {}
+    exits = [e for e in mine if e.get("type") == "exit"]
+    out = []
+    if result.get("failure_reason") != fault["expect"] or not str(result.get("error") or "").strip():
+        out.append(Violation(FAILS_CLOSED, f"the worker that met a write lock held until it ended did not give up "
+                                           f"within its busy budget ({fault.get('budget')} s) as {fault['expect']}",
+                             {**where, "outcome": result or None}))
+    if not exits or exits[-1].get("returncode") != EXIT_TURN_FAILED or exits[-1].get("signal") is not None:
+        out.append(Violation(FAILS_CLOSED, f"the worker that met a write lock did not exit {EXIT_TURN_FAILED} on its own",
+                             {**where, "exit": exits[-1] if exits else None}))
+    return out
 
 
 def coverage(events: Sequence[dict[str, Any]], planned: Fault | None) -> Verdict:

@@ -2,9 +2,10 @@
 breaks while a worker is down (`disk`, `readonly`, `corrupt`).
 
 ``--faults locked``: at the first tool effect of a case, while the worker waits for its
-acknowledgement, another connection takes the database's write lock and holds it past the
-worker's patience (`hold_write_lock`), so its next flush fails closed as `locked`; the case
-must still end with the turn resumed and the transcript whole.
+acknowledgement, another connection takes the database's write lock and holds it until that
+worker is reaped (`hold_write_lock`), so only its busy budget can end its wait: its next flush
+must fail closed as `locked` (checker: fails-closed), and the case must still end with the turn
+resumed and the transcript whole.
 
 A campaign run with ``--faults disk|readonly|corrupt`` adds one round to every case whose
 worker gets killed: while no worker is running, the case's storage is broken; a worker is
@@ -47,26 +48,38 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from supervisor.chaos.nemesis.family import EVERY_CASE, FaultUnavailable, Nemesis
+
+if TYPE_CHECKING:
+    from supervisor.procs.pool import WorkerProcess
 
 STORAGE_FAULTS = ("disk", "readonly", "corrupt")
 TMPFS_SIZE = "16m"  # plenty for any scenario's files; small enough to fill in milliseconds
 
 
-def hold_write_lock(db: Path, seconds: float) -> None:
-    """Take the database's write lock now, and release it `seconds` later (on a timer thread)."""
+def hold_write_lock(db: Path, seconds: float) -> Callable[[], None]:
+    """Take the database's write lock now; release it `seconds` later (on a timer thread) or when
+    the returned function is called, whichever comes first (either may come twice)."""
     holder = sqlite3.connect(db, isolation_level=None, timeout=5.0, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
+    lock = threading.Lock()
+    held = [True]
 
     def release() -> None:
+        with lock:
+            if not held[0]:
+                return
+            held[0] = False
+        timer.cancel()
         holder.execute("ROLLBACK")
         holder.close()
 
     timer = threading.Timer(seconds, release)
     timer.daemon = True
     timer.start()
+    return release
 
 
 class StorageFaultUnavailable(FaultUnavailable):
@@ -313,24 +326,41 @@ def check_available(faults: tuple[str, ...] | list[str], scratch: Path) -> None:
 
 
 class LockedDatabase(Nemesis):
-    """`locked`: another connection holds the database's write lock when the case's first tool
-    effect is about to happen, for longer than the worker's busy budget."""
+    """`locked`: another connection takes the database's write lock when the case's first tool
+    effect is about to happen, and holds it until the worker that waits on that effect is reaped:
+    its busy budget, not the lock, must end its wait (checker.liveness.fails_closed). A safety
+    cap (HOLD_BUDGETS of its budgets) lets a worker that never gives up go on, so its case ends
+    and its verdict says so."""
 
     FAULTS = ("locked",)
     PLANNED = EVERY_CASE
     NEVER_REACHED = "the case reported no tool effect"
     WHY_NOT_ON = "it holds the SQLite file's write lock"
+    HOLD_BUDGETS = 5
 
     fired = False
+    _holder: int | None = None  # the incarnation whose wait the lock is held against
+    _release: Callable[[], None] | None = None
 
     def on_effect(self) -> None:
         if self.fired:
             return
         self.fired = True
-        seconds = self.case.BUSY_BUDGET_S + 1.0
-        hold_write_lock(self.case.db, seconds)  # taken now, before the ack, so the worker meets it
-        self.case.history.record("storage_fault", fault="locked", seconds=seconds)
+        waiting = self.case.reporting_worker()
+        self._holder = waiting.incarnation if waiting is not None else None
+        cap = self.case.BUSY_BUDGET_S * self.HOLD_BUDGETS
+        self._release = hold_write_lock(self.case.db, cap)  # taken now, before the ack, so the worker meets it
+        self.case.history.record("storage_fault", fault="locked", incarnation=self._holder, seconds=cap,
+                                 budget=self.case.BUSY_BUDGET_S, expect="session_persistence_failed:locked")
         self.case.account("locked", landed=True)
+
+    def on_exit(self, proc: WorkerProcess) -> None:
+        if self._release is not None and proc.incarnation == self._holder:
+            self._release()
+
+    def teardown(self) -> None:
+        if self._release is not None:
+            self._release()
 
 
 class BrokenStorage(Nemesis):
