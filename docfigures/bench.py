@@ -356,7 +356,7 @@ def _why_recovery(table: Table) -> str:
 def _profile_line(table: Table, name: str) -> str:
     """'; its heaviest profile line ...' as the bench's note on row `name` says it (bench.profile.Held),
     or nothing for a run that did not profile it."""
-    found = re.search(r"its heaviest profile line[^;]*", table.notes.get(name, ""))
+    found = re.search(r"(?:a single-tool case's workers: )?its heaviest profile line[^;]*", table.notes.get(name, ""))
     return f"; {found.group(0)}" if found else ""
 
 
