@@ -167,7 +167,7 @@ Code = tuple[str, str]  # (function, file name): a frame pyinstrument recorded, 
 class Held:
     """Where the profiled workers (or other profiled units: `unit`) spent a stage's time: the heaviest
     of the stage's entry frames (inclusive) and, anywhere under them, the line with the most self time."""
-    workers: int
+    profiled: int  # how many units' profiles
     entry: str
     entry_ms: float
     line: str
@@ -175,7 +175,7 @@ class Held:
     unit: str = "worker"
 
     def describe(self) -> str:
-        return (f"its heaviest profile line, pyinstrument over {self.workers} profiled {self.unit}s: `{self.entry}` "
+        return (f"its heaviest profile line, pyinstrument over {self.profiled} profiled {self.unit}s: `{self.entry}` "
                 f"{self.entry_ms:.2f} ms per {self.unit}, most of it in `{self.line}` {self.line_ms:.2f} ms")
 
 

@@ -84,7 +84,7 @@ def test_a_missed_goal_names_its_stage_and_the_profile_line_that_holds_it(tmp_pa
     # What each worker cost, read from its rusage when it was reaped (this process is its parent).
     assert noop.rate > 0 and noop.user_ms > 0 and noop.system_ms > 0 and noop.minor_faults > 0, noop
     held = profile.held_by(profiling.workers, campaign.NOOP_CODE)
-    assert held is not None and held.workers == 4  # the three cycles and the one before them
+    assert held is not None and held.profiled == 4  # the three cycles and the one before them
     entries = {f"{function} ({file}" for function, file in campaign.NOOP_CODE}
     assert any(held.entry.startswith(e) for e in entries), held
     assert 0 < held.line_ms <= held.entry_ms and not held.line.startswith("["), held
@@ -113,7 +113,7 @@ def test_each_timed_call_can_profile_itself_in_the_thread_that_makes_it(tmp_path
         _Step().work(10)
     assert _Step.work is original and len(seconds) == 4 and all(s > 0 for s in seconds)
     held = profile.held_by(tmp_path, [("work", "test_bench_floor.py")], unit="step")
-    assert held is not None and held.workers == 4 and "over 4 profiled steps" in held.describe(), held
+    assert held is not None and held.profiled == 4 and "over 4 profiled steps" in held.describe(), held
     assert profile.held_by(tmp_path, [("work", "test_bench_floor.py")]) is None  # no worker's profile here
 
 
