@@ -369,6 +369,24 @@ def test_well_formed_fails_when_a_compaction_leaves_an_older_row_active(scenario
     assert ids["u1"] in violation.witness["row_ids"]
 
 
+@pytest.mark.parametrize("sql, what", [
+    ("UPDATE messages SET cloned_from = 999999 WHERE cloned_from IS NOT NULL", "names no row"),
+    ("UPDATE messages SET cloned_from = cloned_from - 1 WHERE cloned_from IS NOT NULL", "differs from the row it names"),
+    ("UPDATE messages SET content = 'edited' WHERE cloned_from IS NOT NULL AND role = 'assistant'",
+     "differs from the row it names: content"),
+    ("UPDATE messages SET active = 1 WHERE id IN (SELECT cloned_from FROM messages)", "names a row that is still active"),
+])
+def test_well_formed_fails_when_a_compaction_clone_does_not_copy_the_row_it_names(scenario: Scenario, sql: str,
+                                                                                  what: str) -> None:
+    ids = build_clean(scenario)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+    holds(well_formed(scenario.db_path))
+    scenario.raw(sql)
+    verdict = well_formed(scenario.db_path)
+    failing(verdict, "well-formed")
+    assert any(what in v.message for v in verdict.violations), verdict.to_json()
+
+
 def test_well_formed_fails_when_the_kept_rows_do_not_start_with_their_question(scenario: Scenario) -> None:
     ids = build_clean(scenario)
     scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["u2"])

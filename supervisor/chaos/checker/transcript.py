@@ -170,7 +170,7 @@ def well_formed(db: DB) -> Verdict:
     * no assistant row is blank (no text and no tool calls);
     * an assistant row without tool calls is never directly followed by another assistant row;
     * the rows a compaction kept (its clones, running turns' too) are one turn's, from its question on,
-      right after the summary, with no older row left active;
+      right after the summary, with no older row left active; each clone names the archived row it copies;
     * every started turn (running, done or failed) owns exactly one original user row
       (active or archived, not a compaction clone), it is the turn's first row, and its
       text is the turn's recorded user text: a turn never runs without its question.
@@ -191,6 +191,7 @@ def well_formed(db: DB) -> Verdict:
         violations += _transcript_shape(session, kept)
         violations += _compaction_kept_one_turn(session, rows)  # a compaction commits whole: running turns too
     violations += _turns_own_their_question(d)
+    violations += _clones_copy_their_originals(d)
     return verdict_of(WELL_FORMED, violations,
                       {"rows_checked": checked, "rows_of_running_turns": skipped, "violations": len(violations)})
 
@@ -222,6 +223,35 @@ def _compaction_kept_one_turn(session: str, rows: list[dict[str, Any]]) -> list[
     culprits = [rows[i] for i in clones[:3]] + left[:3]
     return [Violation(WELL_FORMED, "; ".join(problems), {
         "session": session, "row_ids": [r["id"] for r in culprits], "rows": [brief(r) for r in culprits]})]
+
+
+# What a compaction clone copies from the row it stands for (`cloned_from`).
+_CLONED = ("turn_id", "role", "content", "tool_calls", "tool_call_id", "name")
+
+
+def _clones_copy_their_originals(d: Durable) -> list[Violation]:
+    """Each compaction clone names, by `cloned_from`, the row it copies: an archived row of its session
+    with the same turn, role and content. A stale row id (a projection's witness, a caller's message)
+    is followed through that link to the live copy, so a clone naming another row misleads every
+    reader that follows it."""
+    by_id = {row["id"]: row for row in d.rows}
+    out = []
+    for row in d.rows:
+        if row.get("cloned_from") is None:
+            continue
+        original = by_id.get(row["cloned_from"])
+        if original is None or original["session_id"] != row["session_id"] or original["active"]:
+            what = ("names no row" if original is None else
+                    "names a row of another session" if original["session_id"] != row["session_id"] else
+                    "names a row that is still active")
+        elif any(original.get(k) != row.get(k) for k in _CLONED):
+            what = "differs from the row it names: " + ", ".join(k for k in _CLONED if original.get(k) != row.get(k))
+        else:
+            continue
+        culprits = [r for r in (row, original) if r is not None]
+        out.append(Violation(WELL_FORMED, f"compaction clone {row['id']} of row {row['cloned_from']} {what}", {
+            "session": row["session_id"], "row_ids": [r["id"] for r in culprits], "rows": [brief(r) for r in culprits]}))
+    return out
 
 
 def _turns_own_their_question(d: Durable) -> list[Violation]:
