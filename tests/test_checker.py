@@ -360,6 +360,15 @@ def test_well_formed_holds_a_compaction_to_one_kept_turn(scenario: Scenario, wat
         assert any(what in v.message for v in verdict.violations), verdict.to_json()
 
 
+def test_well_formed_holds_a_turn_kept_again_by_the_next_compaction(scenario: Scenario) -> None:
+    """Kept by one compaction and again by the next: its clones' clones name the archived clones."""
+    ids = build_clean(scenario)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+    summary = scenario.db.load_live_messages(SID)[0]["_row_id"]
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary 2]"}], watermark=summary)
+    holds(well_formed(scenario.db_path))
+
+
 def test_well_formed_fails_when_a_compaction_leaves_an_older_row_active(scenario: Scenario) -> None:
     ids = build_clean(scenario)
     scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])

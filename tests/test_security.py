@@ -230,13 +230,14 @@ def test_row_ids_of_one_session_never_touch_another(db: SessionDB, db_path: Path
     for session, text in (("a", "a: first"), ("b", "b: first"), ("a", "a: second"), ("b", "b: second")):
         history = db.load_live_messages(f"session-{session}")
         assert (a if session == "a" else b).run_conversation(text, conversation_history=history)["completed"]
-    # B gets a blank assistant row (the kind a flush would repair in place) and is compacted,
-    # so it has archived rows with active clones too.
+    # B gets a blank assistant row (the kind a flush would repair in place) and is compacted as the
+    # runtime compacts (everything before the newest question summarized, from it on kept), so it has
+    # archived rows with active clones too.
     b_blank = db.write_pending("session-b", [{"role": "user", "content": "b: an aside"},
                                              {"role": "assistant", "content": ""}])[1][0]
     b_rows = db.get_messages("session-b")
     db.archive_and_compact("session-b", [{"role": "user", "content": "[summary of b]"}],
-                           watermark=b_rows[1]["id"])
+                           watermark=b_rows[-3]["id"])
     b_before = db.get_messages("session-b", include_inactive=True)
     b_ids = [r["id"] for r in b_before]
 

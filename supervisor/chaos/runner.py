@@ -139,6 +139,8 @@ class CaseRunner:
         mode = msg.get("mode")
         self.history.record("probe", incarnation=inc, name=msg["name"], n=msg["n"], ctx=msg.get("ctx", {}),
                             kill=bool(msg.get("kill")), **({"mode": mode} if msg.get("kill") else {}))
+        for nemesis in self.nemeses:
+            nemesis.on_probe(proc, msg["name"])
         if not msg.get("kill"):
             return
         if mode == "pause":

@@ -9,7 +9,7 @@ import json
 from collections import defaultdict
 from typing import Any, Sequence
 
-from hermes.transcript import call_ids, is_blank_assistant
+from hermes.transcript import call_ids, is_blank, is_blank_assistant
 from supervisor.chaos.checker.evidence import (
     DB,
     as_durable,
@@ -231,7 +231,8 @@ _CLONED = ("turn_id", "role", "content", "tool_calls", "tool_call_id", "name")
 
 def _clones_copy_their_originals(d: Durable) -> list[Violation]:
     """Each compaction clone names, by `cloned_from`, the row it copies: an archived row of its session
-    with the same turn, role and content. A stale row id (a projection's witness, a caller's message)
+    with the same turn, role and content (a blank content may have been filled since: a flush repairs
+    a blank row in its live copy). A stale row id (a projection's witness, a caller's message)
     is followed through that link to the live copy, so a clone naming another row misleads every
     reader that follows it."""
     by_id = {row["id"]: row for row in d.rows}
@@ -244,8 +245,9 @@ def _clones_copy_their_originals(d: Durable) -> list[Violation]:
             what = ("names no row" if original is None else
                     "names a row of another session" if original["session_id"] != row["session_id"] else
                     "names a row that is still active")
-        elif any(original.get(k) != row.get(k) for k in _CLONED):
-            what = "differs from the row it names: " + ", ".join(k for k in _CLONED if original.get(k) != row.get(k))
+        elif differs := [k for k in _CLONED if original.get(k) != row.get(k)
+                         and not (k == "content" and is_blank(original.get(k)))]:  # a blank row's repair fills the clone
+            what = "differs from the row it names: " + ", ".join(differs)
         else:
             continue
         culprits = [r for r in (row, original) if r is not None]

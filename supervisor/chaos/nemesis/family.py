@@ -115,6 +115,9 @@ class Nemesis:
     def on_effect(self) -> None:
         """A tool's effect is about to happen; its worker waits until this returns."""
 
+    def on_probe(self, proc: WorkerProcess, name: str) -> None:
+        """`proc` reached the probe point `name` (reported as it goes on, never waited on)."""
+
     def on_exit(self, proc: WorkerProcess) -> None:
         """A worker of the case was reaped, whatever ended it; nothing has read the state since."""
 

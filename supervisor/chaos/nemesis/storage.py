@@ -2,10 +2,10 @@
 breaks while a worker is down (`disk`, `readonly`, `corrupt`).
 
 ``--faults locked``: at the first tool effect of a case, while the worker waits for its
-acknowledgement, another connection takes the database's write lock and holds it until that
-worker is reaped (`hold_write_lock`), so only its busy budget can end its wait: its next flush
-must fail closed as `locked` (checker: fails-closed), and the case must still end with the turn
-resumed and the transcript whole.
+acknowledgement, another connection takes the database's write lock and holds it a second past
+that worker's busy budget, counted from its next write (`hold_write_lock`), so only its budget can
+end its wait: its next flush must fail closed as `locked` (checker: fails-closed), and the case
+must still end with the turn resumed and the transcript whole.
 
 A campaign run with ``--faults disk|readonly|corrupt`` adds one round to every case whose
 worker gets killed: while no worker is running, the case's storage is broken; a worker is
@@ -327,20 +327,25 @@ def check_available(faults: tuple[str, ...] | list[str], scratch: Path) -> None:
 
 class LockedDatabase(Nemesis):
     """`locked`: another connection takes the database's write lock when the case's first tool
-    effect is about to happen, and holds it until the worker that waits on that effect is reaped:
-    its busy budget, not the lock, must end its wait (checker.liveness.fails_closed). A safety
-    cap (HOLD_BUDGETS of its budgets) lets a worker that never gives up go on, so its case ends
-    and its verdict says so."""
+    effect is about to happen, and holds it MARGIN_S past the worker's busy budget, counted from
+    the moment that worker begins its next write (its `flush.begin` probe; from the effect when it
+    never gets there): only its budget can end its wait in time (checker.liveness.fails_closed),
+    and a worker that goes on after that failure meets a free database, so what it does next shows
+    (a worker resuming the turn meets the end of the lock too, and waits it out within its budget).
+    A cap (HOLD_BUDGETS of its budgets) ends a hold whatever happens."""
 
     FAULTS = ("locked",)
     PLANNED = EVERY_CASE
     NEVER_REACHED = "the case reported no tool effect"
     WHY_NOT_ON = "it holds the SQLite file's write lock"
+    MARGIN_S = 1.0
     HOLD_BUDGETS = 5
 
     fired = False
     _holder: int | None = None  # the incarnation whose wait the lock is held against
     _release: Callable[[], None] | None = None
+    _timer: threading.Timer | None = None
+    _counted_from_write = False  # the hold now runs from the holder's next write, not from the effect
 
     def on_effect(self) -> None:
         if self.fired:
@@ -348,17 +353,31 @@ class LockedDatabase(Nemesis):
         self.fired = True
         waiting = self.case.reporting_worker()
         self._holder = waiting.incarnation if waiting is not None else None
-        cap = self.case.BUSY_BUDGET_S * self.HOLD_BUDGETS
-        self._release = hold_write_lock(self.case.db, cap)  # taken now, before the ack, so the worker meets it
-        self.case.history.record("storage_fault", fault="locked", incarnation=self._holder, seconds=cap,
-                                 budget=self.case.BUSY_BUDGET_S, expect="session_persistence_failed:locked")
+        budget = self.case.BUSY_BUDGET_S
+        self._release = hold_write_lock(self.case.db, budget * self.HOLD_BUDGETS)  # taken before the ack
+        self._release_in(budget + self.MARGIN_S)
+        self.case.history.record("storage_fault", fault="locked", incarnation=self._holder,
+                                 seconds=budget + self.MARGIN_S, budget=budget,
+                                 expect="session_persistence_failed:locked")
         self.case.account("locked", landed=True)
 
-    def on_exit(self, proc: WorkerProcess) -> None:
-        if self._release is not None and proc.incarnation == self._holder:
-            self._release()
+    def on_probe(self, proc: WorkerProcess, name: str) -> None:
+        if name == "flush.begin" and proc.incarnation == self._holder and not self._counted_from_write \
+                and self._release is not None:
+            self._counted_from_write = True
+            self._release_in(self.case.BUSY_BUDGET_S + self.MARGIN_S)
+
+    def _release_in(self, seconds: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        assert self._release is not None
+        self._timer = threading.Timer(seconds, self._release)
+        self._timer.daemon = True
+        self._timer.start()
 
     def teardown(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         if self._release is not None:
             self._release()
 
