@@ -831,7 +831,7 @@ def test_fails_closed_names_each_way_of_not_failing_closed(broken: dict[str, Any
 
 def _lock_met(*, outcome: dict[str, Any] | None, returncode: int | None = 1, signal: int | None = None,
               killed_by: str | None = None) -> list[dict[str, Any]]:
-    """The worker that met a write lock held until it was reaped (`--faults locked`)."""
+    """The worker that met a write lock held past its busy budget (`--faults locked`)."""
     events: list[dict[str, Any]] = [
         {"t": 1.0, "type": "spawn", "incarnation": 1, "command": "run", "process": 0},
         {"t": 1.1, "type": "storage_fault", "fault": "locked", "incarnation": 1, "seconds": 10.0, "budget": 2.0,
@@ -858,7 +858,7 @@ def test_fails_closed_holds_for_a_worker_that_gave_up_on_the_lock_or_was_killed_
 
 
 @pytest.mark.parametrize("met, message", [
-    # It outwaited the lock (held until it ended, so only a cap let it go) and finished the turn.
+    # It outwaited the lock (held a second past its budget) and finished the turn.
     (dict(outcome={"outcome": "completed", "final_response": "done"}, returncode=0), "did not give up within"),
     (dict(outcome=dict(LOCKED, failure_reason="session_persistence_failed:unknown")), "did not give up within"),
     (dict(outcome=None, returncode=None, signal=9, killed_by="timeout"), "did not give up within"),

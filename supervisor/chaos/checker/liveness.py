@@ -168,7 +168,7 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
     to run, or the interrupted turn it had read before the damage stopped it); it showed
     nothing and ran no tool; and the transcript it left is the one it found (the row
     snapshot before the break equals the one after mending). A worker that met a write lock held
-    until it ended (`locked`) gave up within its busy budget the same way (`_gave_up_on_the_lock`).
+    past its busy budget (`locked`) gave up within that budget the same way (`_gave_up_on_the_lock`).
     """
     events = list(events)
     violations = []
@@ -214,7 +214,7 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
 
 
 def _gave_up_on_the_lock(fault: dict[str, Any], mine: list[dict[str, Any]]) -> list[Violation]:
-    """The worker that met a write lock held until it was reaped (`locked`) ended its wait itself,
+    """The worker that met a write lock held past its busy budget (`locked`) ended its wait itself,
     within its busy budget: it failed closed as `locked` with an error for a person and exited 1
     on its own. A worker the nemesis killed first (its planned kill landed during the wait) is
     excused; one the harness killed for hanging is not."""
@@ -227,7 +227,7 @@ def _gave_up_on_the_lock(fault: dict[str, Any], mine: list[dict[str, Any]]) -> l
     exits = [e for e in mine if e.get("type") == "exit"]
     out = []
     if result.get("failure_reason") != fault["expect"] or not str(result.get("error") or "").strip():
-        out.append(Violation(FAILS_CLOSED, f"the worker that met a write lock held until it ended did not give up "
+        out.append(Violation(FAILS_CLOSED, f"the worker that met a write lock held past its budget did not give up "
                                            f"within its busy budget ({fault.get('budget')} s) as {fault['expect']}",
                              {**where, "outcome": result or None}))
     if not exits or exits[-1].get("returncode") != EXIT_TURN_FAILED or exits[-1].get("signal") is not None:
