@@ -59,9 +59,8 @@ STORAGE_FAULTS = ("disk", "readonly", "corrupt")
 TMPFS_SIZE = "16m"  # plenty for any scenario's files; small enough to fill in milliseconds
 
 
-def hold_write_lock(db: Path, seconds: float) -> Callable[[], None]:
-    """Take the database's write lock now; release it `seconds` later (on a timer thread) or when
-    the returned function is called, whichever comes first (either may come twice)."""
+def hold_write_lock(db: Path) -> Callable[[], None]:
+    """Take the database's write lock now; the returned function releases it (a second call does nothing)."""
     holder = sqlite3.connect(db, isolation_level=None, timeout=5.0, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
     lock = threading.Lock()
@@ -72,13 +71,9 @@ def hold_write_lock(db: Path, seconds: float) -> Callable[[], None]:
             if not held[0]:
                 return
             held[0] = False
-        timer.cancel()
         holder.execute("ROLLBACK")
         holder.close()
 
-    timer = threading.Timer(seconds, release)
-    timer.daemon = True
-    timer.start()
     return release
 
 
@@ -331,15 +326,13 @@ class LockedDatabase(Nemesis):
     the moment that worker begins its next write (its `flush.begin` probe; from the effect when it
     never gets there): only its budget can end its wait in time (checker.liveness.fails_closed),
     and a worker that goes on after that failure meets a free database, so what it does next shows
-    (a worker resuming the turn meets the end of the lock too, and waits it out within its budget).
-    A cap (HOLD_BUDGETS of its budgets) ends a hold whatever happens."""
+    (a worker resuming the turn meets the end of the lock too, and waits it out within its budget)."""
 
     FAULTS = ("locked",)
     PLANNED = EVERY_CASE
     NEVER_REACHED = "the case reported no tool effect"
     WHY_NOT_ON = "it holds the SQLite file's write lock"
     MARGIN_S = 1.0
-    HOLD_BUDGETS = 5
 
     fired = False
     _holder: int | None = None  # the incarnation whose wait the lock is held against
@@ -354,7 +347,7 @@ class LockedDatabase(Nemesis):
         waiting = self.case.reporting_worker()
         self._holder = waiting.incarnation if waiting is not None else None
         budget = self.case.BUSY_BUDGET_S
-        self._release = hold_write_lock(self.case.db, budget * self.HOLD_BUDGETS)  # taken before the ack
+        self._release = hold_write_lock(self.case.db)  # taken now, before the ack, so the worker meets it
         self._release_in(budget + self.MARGIN_S)
         self.case.history.record("storage_fault", fault="locked", incarnation=self._holder,
                                  seconds=budget + self.MARGIN_S, budget=budget,
