@@ -3,8 +3,10 @@
 Built once per code version: each group's whole campaign (launch.GROUPS) runs with the workers
 importing a copy of the tree whose `sitecustomize.py` starts coverage.py in every worker
 process and saves it per pid at exit, `os._exit` included, and when the worker signals its
-own end (SIGKILL at its kill point, SIGINT after a Ctrl-C has been answered). Workers are fresh
-interpreters here (no fork-server template), so each pid's data is its own. A worker killed from
+own end (SIGKILL at its kill point, SIGINT after a Ctrl-C has been answered). Workers are forked
+from the warm template, as in every campaign: a forked worker starts a measurement of its own
+at the fork, and what the template ran before forking (the core's imports, its warm-up) is
+credited to every case. A worker killed from
 outside saves nothing, but until its kill it ran a prefix of its scenario's fault-free run, so a
 case is credited with the lines of its scenario's fault-free case plus those of its own workers
 (recovery, the paused worker let go, the restarts after a power cut). That over-approximates,
@@ -32,24 +34,39 @@ SITECUSTOMIZE = '''\
 import os as _os
 if _os.environ.get("MUTATION_COVERAGE_DIR"):
     import atexit as _atexit
+    import signal as _signal
     import coverage as _coverage
     _include = _os.environ["MUTATION_COVERAGE_INCLUDE"].split(_os.pathsep)
-    _cov = _coverage.Coverage(data_file=_os.path.join(_os.environ["MUTATION_COVERAGE_DIR"], f"cov.{_os.getpid()}"),
-                              include=_include, config_file=False)
-    _cov.start()
-    _real_exit = _os._exit
+    _current = []  # this process's Coverage: a forked worker measures itself, apart from its template
+
+    def _start():
+        cov = _coverage.Coverage(data_file=_os.path.join(_os.environ["MUTATION_COVERAGE_DIR"],
+                                                         f"cov.{_os.getpid()}"),
+                                 include=_include, config_file=False)
+        cov.start()
+        _current[:] = [cov]
+
     def _save():
         try:
-            _cov.stop()
-            _cov.save()
+            _current[0].stop()
+            _current[0].save()
         except Exception:
             pass
+
+    def _after_fork():
+        # What the template ran before the fork (its imports, its warm-up) is its own data, saved
+        # when it exits; the child's file holds what the child runs, from here on.
+        _current[0].stop()
+        _start()
+
+    _start()
+    _os.register_at_fork(after_in_child=_after_fork)
+    _real_exit = _os._exit
     def _exit(code, _real=_real_exit):
         _save()
         _real(code)
     _os._exit = _exit
     _atexit.register(_save)
-    import signal as _signal
     def _kill(pid, sig, _real=_os.kill):
         # A worker ending itself by a signal runs no atexit: SIGKILL at its kill point, or SIGINT
         # once a Ctrl-C has run its course (the default action: a SIGINT that still raises
@@ -81,8 +98,7 @@ def build(pristine: Path, work: Path, groups: list[str], *, jobs: int = 2,
         os.environ["MUTATION_COVERAGE_INCLUDE"] = os.pathsep.join(str(copy / m) for m in core)
         started = time.monotonic()
         try:
-            outcome = launch.run_group(copy, group, [], stop_on_fail=False, jobs=jobs, forkserver=False,
-                                       scenarios=scenarios)
+            outcome = launch.run_group(copy, group, [], stop_on_fail=False, jobs=jobs, scenarios=scenarios)
         finally:
             os.environ.pop("MUTATION_COVERAGE_DIR", None)
             os.environ.pop("MUTATION_COVERAGE_INCLUDE", None)
@@ -109,8 +125,14 @@ def _group_map(copy: Path, data_dir: Path, outcome: launch.Outcome, seconds: flo
     for pid, case_id in outcome.spawned:
         if case_id in failing:
             continue
-        for rel, lines in lines_of_pid.get(pid, {}).items():
+        for rel, lines in lines_of_pid.pop(pid, {}).items():
             per_case.setdefault(case_id, {}).setdefault(rel, set()).update(lines)
+    # What no case's worker ran is what the templates ran before forking (the core's imports and
+    # their warm-up): every worker forked from one starts from it, so every case is credited.
+    for files in lines_of_pid.values():
+        for rel, lines in files.items():
+            for case_files in per_case.values():
+                case_files.setdefault(rel, set()).update(lines)
     baseline = {cid: Case.parse(cid).scenario for cid in per_case}
     for case_id, scenario in baseline.items():
         fault_free = per_case.get(Case(scenario).case_id, {})

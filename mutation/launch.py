@@ -82,7 +82,7 @@ class Outcome:
 
 
 def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fail: bool = True,
-              deadline: float | None = None, jobs: int = 2, forkserver: bool = True,
+              deadline: float | None = None, jobs: int = 2,
               scenarios: list[str] | None = None) -> Outcome:
     """Run `case_ids` of `group` (an empty list: the group's whole campaign); stop at the first
     case that fails when `stop_on_fail`, and at `deadline` (time.monotonic()) in any case."""
@@ -111,7 +111,7 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
                             seed=spec.get("seed", 0), runs=spec.get("runs", CampaignConfig.runs),
                             case_ids=tuple(case_ids), faults=tuple(spec.get("faults", ())),
                             store=spec.get("store", "sqlite"), call_ids=spec.get("call_ids", "fresh"),
-                            synchronous=spec.get("synchronous", "FULL"), forkserver=forkserver)
+                            synchronous=spec.get("synchronous", "FULL"))
     excused = frozenset(spec.get("excused", ()))
     holder: dict[str, Campaign] = {}
 

@@ -391,6 +391,50 @@ def test_the_case_map_measures_a_worker_that_ends_itself_by_a_signal(tmp_path: P
     assert {6, 9} <= lines and 10 not in lines, sorted(lines)
 
 
+def test_the_case_map_measures_a_forked_worker_apart_from_its_template(tmp_path: Path) -> None:
+    """Workers are forked from a warm template: each child's data file holds what it ran after the
+    fork, and the template's own (saved when it exits) what it ran before, which the map credits to
+    every case; no line is lost and none is counted for the wrong process."""
+    program = tmp_path / "template.py"
+    program.write_text(
+        "import os\n"
+        "def work():\n"
+        "    return True\n"
+        "before = True\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    work()  # as the template's child runs the worker: in a call made after the fork\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "after = True\n")
+    (tmp_path / "sitecustomize.py").write_text(casemap.SITECUSTOMIZE)
+    data = tmp_path / "coverage"
+    data.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), MUTATION_COVERAGE_DIR=str(data),
+               MUTATION_COVERAGE_INCLUDE=str(program))
+    template = subprocess.Popen([sys.executable, str(program)], env=env, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    _, stderr = template.communicate(timeout=60)
+    assert template.returncode == 0, stderr
+    import coverage
+
+    lines = {}
+    for saved in data.glob("cov.*"):
+        measured = coverage.CoverageData(basename=str(saved))
+        measured.read()
+        lines[int(saved.name.split(".")[1])] = set(measured.lines(str(program)) or ())
+    [child] = [pid for pid in lines if pid != template.pid]
+    assert {1, 2, 4, 5, 9, 10} <= lines[template.pid] and 3 not in lines[template.pid], lines
+    assert 3 in lines[child] and not {1, 2, 4, 5} & lines[child], lines
+
+    ran = ["writes/fault-free", "writes/probe:self@flush.begin:1@t0p0"]
+    outcome = launch.Outcome(ran=ran, spawned=[(child, ran[1])])
+    entry = casemap._group_map(tmp_path, data, outcome, 1.0)
+    rel = program.name
+    assert [entry["cases"][i] for i in entry["lines"][rel]["4"]] == ran  # the template's: every case
+    assert [entry["cases"][i] for i in entry["lines"][rel]["3"]] == [ran[1]]  # the child's: its case
+
+
 def test_a_run_of_one_module_keeps_the_shards_other_modules(tmp_path: Path) -> None:
     from mutation.run import _carry_over
 
