@@ -830,12 +830,14 @@ def test_fails_closed_names_each_way_of_not_failing_closed(broken: dict[str, Any
 
 
 def _lock_met(*, outcome: dict[str, Any] | None, returncode: int | None = 1, signal: int | None = None,
-              killed_by: str | None = None) -> list[dict[str, Any]]:
-    """The worker that met a write lock held past its busy budget (`--faults locked`)."""
+              killed_by: str | None = None, fault: str = "locked") -> list[dict[str, Any]]:
+    """The worker that met a write lock held past its busy budget (`--faults locked`), or for a
+    quarter of it (`--faults busy`)."""
+    held = {"locked": {"seconds": 3.0, "expect": "session_persistence_failed:locked"},
+            "busy": {"seconds": 0.5, "expect": "waits"}}[fault]
     events: list[dict[str, Any]] = [
         {"t": 1.0, "type": "spawn", "incarnation": 1, "command": "run", "process": 0},
-        {"t": 1.1, "type": "storage_fault", "fault": "locked", "incarnation": 1, "seconds": 10.0, "budget": 2.0,
-         "expect": "session_persistence_failed:locked"},
+        {"t": 1.1, "type": "storage_fault", "fault": fault, "incarnation": 1, "budget": 2.0, **held},
         {"t": 1.2, "type": "effect", "incarnation": 1, "tool": "lookup"},
     ]
     if killed_by is not None:
@@ -868,6 +870,24 @@ def test_fails_closed_fails_a_worker_that_does_not_give_up_on_a_held_lock(met: d
     verdict = fails_closed(_lock_met(**met))
     assert any(message in v.message for v in verdict.violations), verdict.to_json()
     failing(verdict, "fails-closed")
+
+
+@pytest.mark.parametrize("met", [
+    dict(outcome={"outcome": "completed", "final_response": "done"}, returncode=0),
+    dict(outcome=None, returncode=None, signal=9, killed_by="self"),  # its planned kill came first
+    # It failed for another reason than the lock (checked by the invariants of that reason).
+    dict(outcome=dict(LOCKED, failure_reason="session_persistence_failed:lease")),
+])
+def test_fails_closed_holds_for_a_worker_that_waited_out_a_brief_lock(met: dict[str, Any]) -> None:
+    holds(fails_closed(_lock_met(fault="busy", **met)))
+
+
+@pytest.mark.parametrize("met", [dict(outcome=LOCKED), dict(outcome=LOCKED, returncode=0)])
+def test_fails_closed_fails_a_worker_that_gave_up_on_a_brief_lock(met: dict[str, Any]) -> None:
+    """A busy retry that never retries, or gives up early, passes `locked` (its worker fails as
+    `locked`, as it should there): only a lock held for part of the budget shows it."""
+    violation = failing(fails_closed(_lock_met(fault="busy", **met)), "fails-closed")
+    assert "gave up on a write lock held 0.5 s of its 2.0 s busy budget" in violation.message
 
 
 def test_turn_liveness_fails_on_a_turn_left_running(scenario: Scenario) -> None:

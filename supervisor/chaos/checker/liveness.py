@@ -168,7 +168,8 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
     to run, or the interrupted turn it had read before the damage stopped it); it showed
     nothing and ran no tool; and the transcript it left is the one it found (the row
     snapshot before the break equals the one after mending). A worker that met a write lock held
-    past its busy budget (`locked`) gave up within that budget the same way (`_gave_up_on_the_lock`).
+    past its busy budget (`locked`) gave up within that budget the same way (`_gave_up_on_the_lock`);
+    one that met it held for part of that budget (`busy`) waited it out (`_waited_out_the_lock`).
     """
     events = list(events)
     violations = []
@@ -206,11 +207,23 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
             changed = sorted((set(old) ^ set(new)) | {k for k in set(old) & set(new) if old[k] != new[k]})
             violations.append(Violation(FAILS_CLOSED, f"rows changed while storage was {fault.get('fault')}",
                                         {**where, "row_ids": changed[:20]}))
-    locked = [e for e in events if e.get("type") == "storage_fault" and e.get("fault") == "locked"
-              and e.get("incarnation") is not None and e.get("expect")]
-    for fault in locked:
-        violations += _gave_up_on_the_lock(fault, [e for e in events if e.get("incarnation") == fault["incarnation"]])
-    return verdict_of(FAILS_CLOSED, violations, {"storage_faults": len(broken) + len(locked)})
+    locks = [e for e in events if e.get("type") == "storage_fault" and e.get("fault") in ("locked", "busy")
+             and e.get("incarnation") is not None and e.get("expect")]
+    for fault in locks:
+        mine = [e for e in events if e.get("incarnation") == fault["incarnation"]]
+        violations += _gave_up_on_the_lock(fault, mine) if fault["fault"] == "locked" else _waited_out_the_lock(fault, mine)
+    return verdict_of(FAILS_CLOSED, violations, {"storage_faults": len(broken) + len(locks)})
+
+
+def _waited_out_the_lock(fault: dict[str, Any], mine: list[dict[str, Any]]) -> list[Violation]:
+    """The worker that met a write lock held for part of its busy budget (`busy`) waited it out:
+    it did not fail its turn as `locked`. Storage that is busy for a moment is no failure."""
+    gave_up = [e.get("result") for e in mine if e.get("type") == "outcome"
+               and (e.get("result") or {}).get("failure_reason") == "session_persistence_failed:locked"]
+    if not gave_up:
+        return []
+    return [Violation(FAILS_CLOSED, f"the worker gave up on a write lock held {fault.get('seconds')} s of its "
+                                    f"{fault.get('budget')} s busy budget", {"storage_fault": fault, "outcome": gave_up[-1]})]
 
 
 def _gave_up_on_the_lock(fault: dict[str, Any], mine: list[dict[str, Any]]) -> list[Violation]:

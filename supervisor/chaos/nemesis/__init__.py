@@ -25,9 +25,9 @@ the hooks of a case it acts at), found through the entry points `hermes_supervis
 * model faults (`nemesis.model`): the scripted model answers each distinct request wrongly
   once; `refused`: the first worker restarted after a kill finds the model endpoint
   refusing connections;
-* storage faults (`nemesis.storage`): `locked` (another connection holds the write lock at
-  the first tool effect), and `disk`, `readonly`, `corrupt` (the storage breaks while no
-  worker runs);
+* storage faults (`nemesis.storage`): `locked` and `busy` (another connection holds the write
+  lock at the first tool effect, past the worker's busy budget or for part of it), and `disk`,
+  `readonly`, `corrupt` (the storage breaks while no worker runs);
 * power cuts (`nemesis.powerloss`): `power-loss` runs each case on a lazy file system and makes
   every kill its plan lands a power cut (what was never fsynced is dropped, kept as a prefix or
   as a random subset); `torn-write` tears one unsynced write of each cut at a 512-byte boundary;

@@ -4,7 +4,7 @@ it landed, and how often it was skipped, and why.
 A case plans each family it can meet, as the family says (`Nemesis.PLANNED`,
 supervisor.chaos.nemesis.family):
 
-* EVERY_CASE (`locked`, applied at the case's first tool effect): every case;
+* EVERY_CASE (`locked`, `busy`, applied at the case's first tool effect): every case;
 * AFTER_A_KILL, the families applied after a kill (`disk`, `readonly`, `corrupt`, `refused`,
   `concurrent-resume`, `twin-recovery`) and at one (`power-loss`, `torn-write`: one decision
   per landed kill, so a double kill plans two cuts): every case whose plan kills a worker;

@@ -1,11 +1,12 @@
-"""Storage faults: a write lock held past a worker's patience (`locked`), and storage that
-breaks while a worker is down (`disk`, `readonly`, `corrupt`).
+"""Storage faults: a write lock held past a worker's patience (`locked`) or for a moment
+(`busy`), and storage that breaks while a worker is down (`disk`, `readonly`, `corrupt`).
 
 ``--faults locked``: at the first tool effect of a case, while the worker waits for its
 acknowledgement, another connection takes the database's write lock and holds it a second past
 that worker's busy budget, counted from its next write (`hold_write_lock`), so only its budget can
 end its wait: its next flush must fail closed as `locked` (checker: fails-closed), and the case
-must still end with the turn resumed and the transcript whole.
+must still end with the turn resumed and the transcript whole. ``--faults busy`` holds the same
+lock for a quarter of that budget only: the worker must wait it out and go on.
 
 A campaign run with ``--faults disk|readonly|corrupt`` adds one round to every case whose
 worker gets killed: while no worker is running, the case's storage is broken; a worker is
@@ -326,13 +327,18 @@ class LockedDatabase(Nemesis):
     the moment that worker begins its next write (its `flush.begin` probe; from the effect when it
     never gets there): only its budget can end its wait in time (checker.liveness.fails_closed),
     and a worker that goes on after that failure meets a free database, so what it does next shows
-    (a worker resuming the turn meets the end of the lock too, and waits it out within its budget)."""
+    (a worker resuming the turn meets the end of the lock too, and waits it out within its budget).
 
-    FAULTS = ("locked",)
+    `busy`: the same lock, held only BRIEF of the worker's busy budget from its next write: the
+    worker must wait it out and go on with its turn (a busy retry that gives up early, or never
+    retries, fails it: `_waited_out_the_lock`)."""
+
+    FAULTS = ("locked", "busy")
     PLANNED = EVERY_CASE
     NEVER_REACHED = "the case reported no tool effect"
     WHY_NOT_ON = "it holds the SQLite file's write lock"
     MARGIN_S = 1.0
+    BRIEF = 0.25
 
     fired = False
     _holder: int | None = None  # the incarnation whose wait the lock is held against
@@ -340,25 +346,35 @@ class LockedDatabase(Nemesis):
     _timer: threading.Timer | None = None
     _counted_from_write = False  # the hold now runs from the holder's next write, not from the effect
 
+    @classmethod
+    def check_available(cls, chosen: tuple[str, ...], faults: tuple[str, ...], workdir: Path) -> None:
+        if len(chosen) > 1:
+            raise FaultUnavailable("--faults locked and busy each hold the write lock at the first tool effect: "
+                                   "run them in two campaigns")
+
+    def _hold_s(self) -> float:
+        budget = self.case.BUSY_BUDGET_S
+        return budget * self.BRIEF if self.chosen == ("busy",) else budget + self.MARGIN_S
+
     def on_effect(self) -> None:
         if self.fired:
             return
         self.fired = True
+        (fault,) = self.chosen
         waiting = self.case.reporting_worker()
         self._holder = waiting.incarnation if waiting is not None else None
-        budget = self.case.BUSY_BUDGET_S
         self._release = hold_write_lock(self.case.db)  # taken now, before the ack, so the worker meets it
-        self._release_in(budget + self.MARGIN_S)
-        self.case.history.record("storage_fault", fault="locked", incarnation=self._holder,
-                                 seconds=budget + self.MARGIN_S, budget=budget,
-                                 expect="session_persistence_failed:locked")
-        self.case.account("locked", landed=True)
+        self._release_in(self._hold_s())
+        self.case.history.record("storage_fault", fault=fault, incarnation=self._holder, seconds=self._hold_s(),
+                                 budget=self.case.BUSY_BUDGET_S,
+                                 expect="session_persistence_failed:locked" if fault == "locked" else "waits")
+        self.case.account(fault, landed=True)
 
     def on_probe(self, proc: WorkerProcess, name: str) -> None:
         if name == "flush.begin" and proc.incarnation == self._holder and not self._counted_from_write \
                 and self._release is not None:
             self._counted_from_write = True
-            self._release_in(self.case.BUSY_BUDGET_S + self.MARGIN_S)
+            self._release_in(self._hold_s())
 
     def _release_in(self, seconds: float) -> None:
         if self._timer is not None:
