@@ -22,9 +22,10 @@ from typing import Any
 # streamed answer, compaction, a result spilled to a file, call ids across turns; seed and count
 # fixed, so that a case id names the same conversation in every run) from a model that numbers its
 # calls per response, so ids repeat across rounds and turns, power cuts (the code only a lost
-# unsynced write exercises), the PostgreSQL engine, and storage faults (a locked, read-only or
-# corrupt session database at each point: the code that fails a turn closed runs only then; the
-# disk fault is left out, it needs the right to mount). A storage case spends most of its time
+# unsynced write exercises), the PostgreSQL engine, alone and with its server failing under it
+# (the engine's error classification and statement deadlines run only then), and storage faults
+# (a locked, read-only or corrupt session database at each point: the code that fails a turn
+# closed runs only then; the disk fault is left out, it needs the right to mount). A storage case spends most of its time
 # waiting (on a locked database, out the worker's busy budget), so that group runs more cases at
 # once (`jobs`: at least). Power cuts run at both durability levels: at FULL every commit is synced,
 # so only at NORMAL can a cut see a barrier (a dispatch intent, a turn's start) that was not. There
@@ -41,6 +42,7 @@ GROUPS: dict[str, dict[str, Any]] = {
     "power-loss-normal": {"mode": "exhaustive", "faults": ("power-loss",), "synchronous": "NORMAL",
                           "excused": ("durability-cost",)},
     "postgres": {"mode": "exhaustive", "store": "postgres"},
+    "postgres-faults": {"mode": "exhaustive", "store": "postgres", "faults": ("pg-terminate", "pg-restart", "pg-hang")},
     "storage": {"mode": "exhaustive", "faults": ("locked", "readonly", "corrupt"), "jobs": 6},
 }
 
