@@ -89,6 +89,11 @@ class Scenario:
             message["tool_calls"] = list(calls)
         return self.db.write_pending(SID, [message])[0][0]
 
+    def count_calls(self, turn: str, n: int) -> None:
+        """Durably count `n` model calls of `turn`, as the runtime does before each request."""
+        for _ in range(n):
+            self.db.count_model_call(SID, turn)
+
     def dispatch(self, turn: str, c: dict[str, Any], policy: str) -> None:
         self.db.record_dispatches(SID, turn, [{"tool_call_id": c["id"], "tool_name": c["function"]["name"],
                                                "policy": policy, "idempotency_key": f"{SID}:{turn}:{c['id']}"}])
@@ -679,6 +684,8 @@ def _requests(incarnation: int, turn: str, count: int) -> list[dict[str, Any]]:
 
 def test_outcome_honesty_holds_each_reported_model_call_count_to_that_workers_requests(scenario: Scenario) -> None:
     build_clean(scenario)
+    scenario.count_calls("t1", 3)
+    scenario.count_calls("t2", 1)
     told = [*_requests(1, "t1", 1), *_requests(2, "t1", 2), *_requests(2, "t2", 1),
             _outcome("t1", "completed", 2, api_calls=2), _outcome("t2", "completed", 2, api_calls=1)]
     holds(outcome_honesty(scenario.db_path, told, counted_calls=True))
@@ -692,6 +699,21 @@ def test_outcome_honesty_holds_each_reported_model_call_count_to_that_workers_re
     holds(outcome_honesty(scenario.db_path, lying))  # a target that does not promise the count
     # A worker that announced nothing of the turn has no probes to count by (coverage says why).
     holds(outcome_honesty(scenario.db_path, [_outcome("t1", "completed", 2, api_calls=1)], counted_calls=True))
+
+
+def test_outcome_honesty_fails_on_a_model_request_the_turn_never_durably_counted(scenario: Scenario) -> None:
+    """A turn's model-call limit holds across restarts only if each request was counted on the
+    turn before it was made; the daemon reports that count too. A kill between a count and its
+    request leaves one more count than requests, which holds."""
+    build_clean(scenario)
+    scenario.count_calls("t1", 2)
+    requests = [*_requests(1, "t1", 1), *_requests(2, "t1", 1)]
+    holds(outcome_honesty(scenario.db_path, requests, counted_calls=True))
+    holds(outcome_honesty(scenario.db_path, requests[:1], counted_calls=True))
+    violation = failing(outcome_honesty(scenario.db_path, [*requests, *_requests(2, "t2", 1)], counted_calls=True),
+                        "outcome-honesty")
+    assert violation.message == "turn t2 made 1 model request(s); durably it counted 0"
+    holds(outcome_honesty(scenario.db_path, [*requests, *_requests(2, "t2", 1)]))  # not promised
 
 
 def _trajectory(path: Path, *lines: dict[str, Any] | str) -> Path:
@@ -1297,6 +1319,32 @@ def test_recovery_determinism_compares_the_twins_transcripts(scenario: Scenario)
     assert "row 4" in violation.message
     undetermined = recovery_determinism([{"type": "twin", "error": "the twin-a recovery did not finish"}])
     assert undetermined.valid == UNKNOWN and undetermined.reasons == ("undetermined",)
+
+
+def test_recovery_determinism_compares_spilled_results_by_the_file_each_twin_named(tmp_path: Path) -> None:
+    """Each twin recovers in a directory of its own, from a model that gives each request fresh call
+    ids, so the same result spilled by both names two files; compared by what they hold under the
+    call's number they are one, and a file that holds something else is still told apart."""
+    from hermes.executor import maybe_persist_tool_result, parse_spilled
+
+    def twin(name: str, call_id: str, text: str = "x" * 5000) -> list[list[Any]]:
+        home = tmp_path / name
+        home.mkdir()
+        s = Scenario(home)
+        try:
+            s.user("t1", "read it")
+            s.assistant("t1", None, (LOOKUP,))
+            content = maybe_persist_tool_result(content=text, tool_name="lookup", tool_call_id=call_id,
+                                                spill_dir=home / "tool_results" / SID, threshold=1000)
+            assert parse_spilled(content) is not None and len(content) < 5000
+            s.result("t1", LOOKUP, content)
+        finally:
+            s.close()
+        return twin_transcript(checker.load_durable(home / "state.db"))
+
+    a, b, other = twin("twin-a", "c1"), twin("twin-b", "c2"), twin("twin-c", "c3", "x" * 4999 + "y")
+    holds(recovery_determinism([{"type": "twin", "turn_id": "t1", "a": a, "b": b}]))
+    failing(recovery_determinism([{"type": "twin", "turn_id": "t1", "a": a, "b": other}]), "recovery-determinism")
 
 
 # ================================================================ kills landing

@@ -209,6 +209,11 @@ DEFECT_CASES = [
         # model call and reports one: every row is right, the caller is billed twice.
         "resume_miscounts_calls", "resume-miscounts-calls", ("--scenario", "single-tool", "--probe", "flush.committed"),
         frozenset({"outcome-honesty"}), at="flush.committed:4")),
+    _case("model-calls-uncounted", Defect(
+        # No model request is counted on its turn first: the turn's durable `model_calls` stays 0
+        # while its worker makes and reports its calls. Already in the fault-free baseline.
+        "model_calls_uncounted", "model-calls-uncounted", BEFORE_LOOKUP,
+        frozenset({"outcome-honesty"}), at=None)),
     _case("call-ids-taken-twice", Defect(
         # The model numbers its calls per response, so a drawn conversation's second round asks for
         # `lookup:0` again: kept, the id answers two calls and keys two executions as one call.

@@ -97,7 +97,8 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
     reported how its turn ended before it did.
     `counted_calls`: the target promises that the model calls a worker reports for its turn
     (`api_calls`) are the requests it made for that turn, each announced by a `model.request` probe
-    first (ours does): a caller that bills, limits or audits by that count must get the true one.
+    first (ours does): a caller that bills, limits or audits by that count must get the true one;
+    and each such request was durably counted on its turn before it was made (`_uncounted_requests`).
     """
     d = as_durable(db)
     if d.error:
@@ -141,11 +142,25 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
             violations.append(Violation(OUTCOME_HONESTY, f"worker {event.get('incarnation')} reported {said} model "
                                                          f"call(s) for turn {turn_id}; it made {made}",
                                         {**where, "model_requests_made": made}))
+    if counted_calls:
+        violations += _uncounted_requests(states, Counter(turn for (_inc, turn), name in probes if name == MODEL_REQUEST))
     violations += _unreported_ends(events)
     violations += trajectory_violations(d, logged, lossy=bool(lossy_cuts))
     if trajectories is not None:
         violations += unlogged_completions(events, logged)
     return verdict_of(OUTCOME_HONESTY, violations, {"outcomes": reported, "trajectories": len(logged)})
+
+
+def _uncounted_requests(turns: dict[str, dict[str, Any]], made: Counter[Any]) -> list[Violation]:
+    """Each model request of a turn, by whichever worker, was durably counted on the turn first
+    (`model_calls`, a barrier commit): the count a turn's model-call limit holds across restarts by,
+    and the one the daemon reports. A kill between a count and its request leaves the count higher,
+    never lower."""
+    return [Violation(OUTCOME_HONESTY, f"turn {turn_id} made {n} model request(s); durably it counted "
+                                       f"{turns[turn_id].get('model_calls')}",
+                      {"turn": turn_brief(turns[turn_id]), "model_requests_made": n})
+            for turn_id, n in made.items()
+            if turn_id in turns and int(turns[turn_id].get("model_calls") or 0) < n]
 
 
 def _unreported_ends(events: list[dict[str, Any]]) -> list[Violation]:

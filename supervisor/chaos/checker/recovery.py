@@ -5,10 +5,12 @@ recovery-determinism (two byte-identical copies recovered apart, nemesis `twin-r
 """
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
+from hermes.executor import parse_spilled
 from hermes.tools import AT_MOST_ONCE
 from supervisor.chaos.checker.evidence import DB, as_durable, brief, final_answers, load_executions, of_type, unreadable
 from supervisor.chaos.checker.verdict import (
@@ -96,9 +98,12 @@ def twin_transcript(d: Durable) -> list[list[Any]]:
     Row ids, timestamps and lease epochs are left out: two recoveries need not agree on them.
     Nor on the ids of the calls the model asks for: each request gets fresh ones, as a real
     model's do, so two recoveries that send the same request get different ids; each call id is
-    replaced by its number of first appearance, so the same calls in the same places still agree."""
+    replaced by its number of first appearance, so the same calls in the same places still agree.
+    A result spilled to a file names a file of the twin's own directory, named after the call's id:
+    it is compared by what the file holds, under the call's number."""
     out: list[list[Any]] = []
     numbers: dict[str, str] = {}
+    home = d.path.parent
 
     def number(call_id: Any) -> Any:
         return numbers.setdefault(call_id, f"call-{len(numbers)}") if isinstance(call_id, str) else call_id
@@ -109,10 +114,21 @@ def twin_transcript(d: Durable) -> list[list[Any]]:
                "tool_calls": [{**c, "id": number(c.get("id"))} if isinstance(c, dict) else c for c in calls]
                if isinstance(calls, list) else calls}
         content = row.get("content")
+        spilled = parse_spilled(content)
+        if spilled is not None and spilled[2].is_relative_to(home):
+            row["content"] = content = content.replace(str(spilled[2]), _spill_file(spilled[2], row["tool_call_id"]))
         text = content if isinstance(content, str) else canonical_json(content)
         out.append([row["session_id"], row["turn_id"], row["role"], int(row["active"]),
                     row["cloned_from"] is not None, row_digest(row), (text or "")[:80]])
     return out
+
+
+def _spill_file(path: Path, call: Any) -> str:
+    try:
+        held = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        held = f"unreadable ({exc.strerror})"
+    return f"<the file of {call}: sha256 {held}>"
 
 
 def recovery_determinism(events: Sequence[dict[str, Any]]) -> Verdict:
