@@ -378,20 +378,35 @@ def test_the_case_map_measures_a_worker_that_ends_itself_by_a_signal(tmp_path: P
         "    signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
         "os.kill(os.getpid(), getattr(signal, os.environ['ENDING']))\n"
         "never = True\n")
-    (tmp_path / "sitecustomize.py").write_text(casemap.SITECUSTOMIZE)
-    data = tmp_path / "coverage"
-    data.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), MUTATION_COVERAGE_DIR=str(data),
-               MUTATION_COVERAGE_INCLUDE=str(program), ENDING=ending)
-    done = subprocess.run([sys.executable, str(program)], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == -getattr(signal, ending), done.stderr
-    [saved] = data.glob("cov.*")
+    returncode, _pid, stderr, lines = _measured(program, ENDING=ending)
+    assert returncode == -getattr(signal, ending), stderr
+    [lines] = lines.values()
+    assert {6, 9} <= lines and 10 not in lines, sorted(lines)
+
+
+def _measured(program: Path, **env: str) -> tuple[int, int, str, dict[int, set[int]]]:
+    """Run `program` under the case map's coverage hook: its exit status, pid and standard error,
+    and the lines of `program` each process saved, by pid."""
     import coverage
 
-    measured = coverage.CoverageData(basename=str(saved))
-    measured.read()
-    lines = set(measured.lines(str(program)) or ())
-    assert {6, 9} <= lines and 10 not in lines, sorted(lines)
+    (program.parent / "sitecustomize.py").write_text(casemap.SITECUSTOMIZE)
+    data = program.parent / "coverage"
+    data.mkdir()
+    proc = subprocess.Popen([sys.executable, str(program)], stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=str(program.parent), MUTATION_COVERAGE_DIR=str(data),
+                                     MUTATION_COVERAGE_INCLUDE=str(program), **env))
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # a hang: killed by its recorded pid, with anything it forked
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = {}
+    for saved in data.glob("cov.*"):
+        measured = coverage.CoverageData(basename=str(saved))
+        measured.read()
+        lines[int(saved.name.split(".")[1])] = set(measured.lines(str(program)) or ())
+    return proc.returncode, proc.pid, stderr, lines
 
 
 def test_the_case_map_measures_a_forked_worker_apart_from_its_template(tmp_path: Path) -> None:
@@ -410,29 +425,15 @@ def test_the_case_map_measures_a_forked_worker_apart_from_its_template(tmp_path:
         "    os._exit(0)\n"
         "os.waitpid(pid, 0)\n"
         "after = True\n")
-    (tmp_path / "sitecustomize.py").write_text(casemap.SITECUSTOMIZE)
-    data = tmp_path / "coverage"
-    data.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), MUTATION_COVERAGE_DIR=str(data),
-               MUTATION_COVERAGE_INCLUDE=str(program))
-    template = subprocess.Popen([sys.executable, str(program)], env=env, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-    _, stderr = template.communicate(timeout=60)
-    assert template.returncode == 0, stderr
-    import coverage
-
-    lines = {}
-    for saved in data.glob("cov.*"):
-        measured = coverage.CoverageData(basename=str(saved))
-        measured.read()
-        lines[int(saved.name.split(".")[1])] = set(measured.lines(str(program)) or ())
-    [child] = [pid for pid in lines if pid != template.pid]
-    assert {1, 2, 4, 5, 9, 10} <= lines[template.pid] and 3 not in lines[template.pid], lines
+    returncode, template, stderr, lines = _measured(program)
+    assert returncode == 0, stderr
+    [child] = [pid for pid in lines if pid != template]
+    assert {1, 2, 4, 5, 9, 10} <= lines[template] and 3 not in lines[template], lines
     assert 3 in lines[child] and not {1, 2, 4, 5} & lines[child], lines
 
     ran = ["writes/fault-free", "writes/probe:self@flush.begin:1@t0p0"]
     outcome = launch.Outcome(ran=ran, spawned=[(child, ran[1])])
-    entry = casemap._group_map(tmp_path, data, outcome, 1.0)
+    entry = casemap._group_map(tmp_path, tmp_path / "coverage", outcome, 1.0)
     rel = program.name
     assert [entry["cases"][i] for i in entry["lines"][rel]["4"]] == ran  # the template's: every case
     assert [entry["cases"][i] for i in entry["lines"][rel]["3"]] == [ran[1]]  # the child's: its case
