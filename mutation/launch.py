@@ -25,9 +25,9 @@ from typing import Any
 # unsynced write exercises), the PostgreSQL engine, alone and with its server failing under it
 # (the engine's error classification and statement deadlines run only then), and storage faults
 # (a locked, read-only or corrupt session database at each point: the code that fails a turn
-# closed runs only then; the disk fault is left out, it needs the right to mount). A storage case spends most of its time
-# waiting (on a locked database, out the worker's busy budget), so that group runs more cases at
-# once (`jobs`: at least). Power cuts run at both durability levels: at FULL every commit is synced,
+# closed runs only then; the disk fault is left out, it needs the right to mount). A storage case
+# spends most of its time waiting (on a locked database, out the worker's busy budget), so that
+# group runs more cases at once (`jobs`: at least). Power cuts run at both durability levels: at FULL every commit is synced,
 # so only at NORMAL can a cut see a barrier (a dispatch intent, a turn's start) that was not. There
 # the lost suffix of commits is the level's documented cost, reported as a `durability-cost`
 # violation by the original as much as by a mutant, so that class is `excused`: a case fails on
@@ -42,7 +42,8 @@ GROUPS: dict[str, dict[str, Any]] = {
     "power-loss-normal": {"mode": "exhaustive", "faults": ("power-loss",), "synchronous": "NORMAL",
                           "excused": ("durability-cost",)},
     "postgres": {"mode": "exhaustive", "store": "postgres"},
-    "postgres-faults": {"mode": "exhaustive", "store": "postgres", "faults": ("pg-terminate", "pg-restart", "pg-hang")},
+    "postgres-faults": {"mode": "exhaustive", "store": "postgres",
+                        "faults": ("pg-terminate", "pg-restart", "pg-hang")},
     "storage": {"mode": "exhaustive", "faults": ("locked", "readonly", "corrupt"), "jobs": 6},
 }
 

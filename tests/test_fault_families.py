@@ -61,3 +61,13 @@ def test_a_fault_family_from_another_package_runs_with_no_edit_here(tmp_path: Pa
     unknown = subprocess.run([sys.executable, "-m", "supervisor", "chaos", "--faults", "hiccup"], cwd=REPO,
                              env=dict(env, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 2 and "choose from" in unknown.stderr
+
+
+def test_the_two_holds_of_the_write_lock_are_refused_together(tmp_path: Path) -> None:
+    """`locked` and `busy` both take the write lock at a case's first tool effect; a campaign asking
+    for both is told to run them apart, before any case starts."""
+    from supervisor.chaos.nemesis.storage import LockedDatabase
+
+    with pytest.raises(family.FaultUnavailable, match="locked and busy .* run them in two campaigns"):
+        LockedDatabase.check_available(("locked", "busy"), ("locked", "busy"), tmp_path)
+    LockedDatabase.check_available(("busy",), ("busy",), tmp_path)

@@ -143,7 +143,8 @@ def outcome_honesty(db: DB, events: Sequence[dict[str, Any]], trajectories: Path
                                                          f"call(s) for turn {turn_id}; it made {made}",
                                         {**where, "model_requests_made": made}))
     if counted_calls:
-        violations += _uncounted_requests(states, Counter(turn for (_inc, turn), name in probes if name == MODEL_REQUEST))
+        violations += _uncounted_requests(states, Counter(turn for (_inc, turn), name in probes
+                                                          if name == MODEL_REQUEST))
     violations += _unreported_ends(events)
     violations += trajectory_violations(d, logged, lossy=bool(lossy_cuts))
     if trajectories is not None:
@@ -226,7 +227,8 @@ def fails_closed(events: Sequence[dict[str, Any]]) -> Verdict:
              and e.get("incarnation") is not None and e.get("expect")]
     for fault in locks:
         mine = [e for e in events if e.get("incarnation") == fault["incarnation"]]
-        violations += _gave_up_on_the_lock(fault, mine) if fault["fault"] == "locked" else _waited_out_the_lock(fault, mine)
+        held_past_budget = fault["fault"] == "locked"
+        violations += _gave_up_on_the_lock(fault, mine) if held_past_budget else _waited_out_the_lock(fault, mine)
     return verdict_of(FAILS_CLOSED, violations, {"storage_faults": len(broken) + len(locks)})
 
 

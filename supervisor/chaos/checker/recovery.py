@@ -124,6 +124,7 @@ def twin_transcript(d: Durable) -> list[list[Any]]:
 
 
 def _spill_file(path: Path, call: Any) -> str:
+    """A spilled result's file as two recoveries may agree on it: its call's number and what it holds."""
     try:
         held = hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError as exc:
