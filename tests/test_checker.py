@@ -855,8 +855,9 @@ def _lock_met(*, outcome: dict[str, Any] | None, returncode: int | None = 1, sig
               killed_by: str | None = None, fault: str = "locked") -> list[dict[str, Any]]:
     """The worker that met a write lock held past its busy budget (`--faults locked`), or for a
     quarter of it (`--faults busy`)."""
-    held = {"locked": {"seconds": 3.0, "expect": "session_persistence_failed:locked"},
-            "busy": {"seconds": 0.5, "expect": "waits"}}[fault]
+    gives_up_as = "session_persistence_failed:locked"
+    held = {"locked": {"seconds": 3.0, "expect": gives_up_as, "gives_up_as": gives_up_as},
+            "busy": {"seconds": 0.5, "expect": "waits", "gives_up_as": gives_up_as}}[fault]
     events: list[dict[str, Any]] = [
         {"t": 1.0, "type": "spawn", "incarnation": 1, "command": "run", "process": 0},
         {"t": 1.1, "type": "storage_fault", "fault": fault, "incarnation": 1, "budget": 2.0, **held},

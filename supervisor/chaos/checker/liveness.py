@@ -236,7 +236,7 @@ def _waited_out_the_lock(fault: dict[str, Any], mine: list[dict[str, Any]]) -> l
     """The worker that met a write lock held for part of its busy budget (`busy`) waited it out:
     it did not fail its turn as `locked`. Storage that is busy for a moment is no failure."""
     gave_up = [e.get("result") for e in mine if e.get("type") == "outcome"
-               and (e.get("result") or {}).get("failure_reason") == "session_persistence_failed:locked"]
+               and (e.get("result") or {}).get("failure_reason") == fault.get("gives_up_as")]
     if not gave_up:
         return []
     return [Violation(FAILS_CLOSED, f"the worker gave up on a write lock held {fault.get('seconds')} s of its "

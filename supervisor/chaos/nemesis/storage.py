@@ -339,6 +339,7 @@ class LockedDatabase(Nemesis):
     WHY_NOT_ON = "it holds the SQLite file's write lock"
     MARGIN_S = 1.0
     BRIEF = 0.25
+    GIVES_UP_AS = "session_persistence_failed:locked"  # the turn's failure when its worker stops waiting
 
     fired = False
     _holder: int | None = None  # the incarnation whose wait the lock is held against
@@ -366,8 +367,8 @@ class LockedDatabase(Nemesis):
         self._release = hold_write_lock(self.case.db)  # taken now, before the ack, so the worker meets it
         self._release_in(self._hold_s())
         self.case.history.record("storage_fault", fault=fault, incarnation=self._holder, seconds=self._hold_s(),
-                                 budget=self.case.BUSY_BUDGET_S,
-                                 expect="session_persistence_failed:locked" if fault == "locked" else "waits")
+                                 budget=self.case.BUSY_BUDGET_S, gives_up_as=self.GIVES_UP_AS,
+                                 expect=self.GIVES_UP_AS if fault == "locked" else "waits")
         self.case.account(fault, landed=True)
 
     def on_probe(self, proc: WorkerProcess, name: str) -> None:
