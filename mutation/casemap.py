@@ -10,8 +10,14 @@ credited to every case. A worker killed from
 outside saves nothing, but until its kill it ran a prefix of its scenario's fault-free run, so a
 case is credited with the lines of its scenario's fault-free case plus those of its own workers
 (recovery, the paused worker let go, the restarts after a power cut). That over-approximates,
-which costs time, never a missed kill. Lines that only the supervisor runs (the
-checker's snapshot reader) are in no case: the supervisor is never mutated.
+which costs time, never a missed kill.
+
+The campaign runs in a child process started in the copy (`launch.run_group_in`), so the
+supervisor imports the measured code as well, and its own data file holds what the supervisor
+ran of the core: the checker's readers (a snapshot of the session database, the PostgreSQL
+store's image). The supervisor runs several cases at once, and the checker reads every case's
+database, so those lines are the group's (`checker_lines`), credited to all its cases: a mutant
+of a line no worker runs is judged with the supervisor running it (mutation.oracle).
 
 A case whose campaign fails on the original code cannot tell a mutant from it: it is left out of
 the map (so no mutant is "killed" by it) and listed under its group's "failing", which the run
@@ -98,7 +104,7 @@ def build(pristine: Path, work: Path, groups: list[str], *, jobs: int = 2,
         os.environ["MUTATION_COVERAGE_INCLUDE"] = os.pathsep.join(str(copy / m) for m in core)
         started = time.monotonic()
         try:
-            outcome = launch.run_group(copy, group, [], stop_on_fail=False, jobs=jobs, scenarios=scenarios)
+            outcome = launch.run_group_in(copy, group, [], stop_on_fail=False, jobs=jobs, scenarios=scenarios)
         finally:
             os.environ.pop("MUTATION_COVERAGE_DIR", None)
             os.environ.pop("MUTATION_COVERAGE_INCLUDE", None)
@@ -120,6 +126,7 @@ def _group_map(copy: Path, data_dir: Path, outcome: launch.Outcome, seconds: flo
             rel = str(Path(measured).relative_to(copy))
             per_file[rel] = set(data.lines(measured) or ())
         lines_of_pid[int(path.name.split(".")[1])] = per_file
+    checker = lines_of_pid.pop(outcome.runner_pid, {}) if outcome.runner_pid is not None else {}
     failing = set(outcome.failures)
     per_case: dict[str, dict[str, set[int]]] = {c: {} for c in outcome.ran if c not in failing}
     for pid, case_id in outcome.spawned:
@@ -151,7 +158,8 @@ def _group_map(copy: Path, data_dir: Path, outcome: launch.Outcome, seconds: flo
         for cases in per_line.values():
             cases.sort()
     return {"cases": order, "case_seconds": [outcome.case_seconds.get(c, 0.0) for c in order],
-            "failing": sorted(failing), "seconds": round(seconds, 1), "lines": lines}
+            "failing": sorted(failing), "seconds": round(seconds, 1), "lines": lines,
+            "checker_lines": {rel: sorted(numbers) for rel, numbers in sorted(checker.items()) if numbers}}
 
 
 def save(casemap: dict[str, Any], path: Path) -> None:
@@ -176,7 +184,7 @@ def statement_lines(source: str, changed: set[int]) -> set[int]:
 
 
 def cases_for(casemap: dict[str, Any], module: str, lines: set[int]) -> dict[str, list[str]]:
-    """Per group (in the oracle's order), the cases that execute any of `lines` of `module`."""
+    """Per group (in the oracle's order), the cases whose workers execute any of `lines` of `module`."""
     chosen: dict[str, list[str]] = {}
     for group in launch.GROUPS:
         entry = casemap["groups"].get(group)
@@ -187,6 +195,23 @@ def cases_for(casemap: dict[str, Any], module: str, lines: set[int]) -> dict[str
         if indexes:
             chosen[group] = [entry["cases"][i] for i in indexes]
     return chosen
+
+
+def checker_cases_for(casemap: dict[str, Any], module: str, lines: set[int]) -> dict[str, list[str]]:
+    """Per group (in the oracle's order), every case of a group whose checker executes any of `lines`."""
+    return {group: list(entry["cases"]) for group in launch.GROUPS
+            if (entry := casemap["groups"].get(group)) is not None
+            and lines & set(entry.get("checker_lines", {}).get(module, ()))}
+
+
+def chosen_cases(casemap: dict[str, Any], module: str, lines: set[int]) -> tuple[str, dict[str, list[str]]]:
+    """The cases that judge a mutant of `lines`, and who runs the mutant in them: the workers
+    ("workers", the supervisor pristine) when any worker executes a line, else the supervisor too
+    ("checker"); no case at all when neither does."""
+    by_workers = cases_for(casemap, module, lines)
+    if by_workers:
+        return "workers", by_workers
+    return "checker", checker_cases_for(casemap, module, lines)
 
 
 def estimated_seconds(casemap: dict[str, Any], chosen: dict[str, list[str]]) -> float:

@@ -1,19 +1,30 @@
-"""Run given campaign cases in this process, with the workers importing another tree.
+"""Run given campaign cases, with the workers importing another tree.
 
-This process is the supervisor: it imports the harness and its checker from wherever it was
-started (the pristine copy), and points the process pool at `worker_tree`, so the worker
-template, every forked worker and every resumed worker import the runtime from there (the
-pool puts its REPO_ROOT first on the workers' PYTHONPATH and starts them in it).
+`run_group` runs them in this process, which is the supervisor: it imports the harness and its
+checker from wherever it was started (the pristine copy), and points the process pool at
+`worker_tree`, so the worker template, every forked worker and every resumed worker import the
+runtime from there (the pool puts its REPO_ROOT first on the workers' PYTHONPATH and starts them
+in it). `run_group_in` runs them in a child process started in another tree, so that the
+supervisor, its checker included, imports that tree too: the case map measures what the checker
+runs of the core that way, and the oracle judges a mutant of a line only the checker runs.
+
+    python -m mutation.launch REQUEST OUTCOME --driver PID   (the child; run_group_in starts it)
 """
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 # The campaigns of the oracle, cheapest first: every exhaustive case on SQLite, the pause mode, a
 # Ctrl-C at every point (the code that answers an interrupted batch runs only then), the daemon
@@ -48,7 +59,11 @@ GROUPS: dict[str, dict[str, Any]] = {
 }
 
 
-_running: list[Any] = []  # the campaign run_group is running, for stop_running
+class _Stoppable(Protocol):
+    def stop(self, reason: str) -> None: ...
+
+
+_running: list[_Stoppable] = []  # the campaign under way (or the child running one), for stop_running
 _spawned: list[int] = []  # every worker pid run_group's campaigns started, in this process
 _stopped: list[str] = []  # why this process was told to stop: no campaign starts after that
 
@@ -82,6 +97,7 @@ class Outcome:
     case_seconds: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     timed_out: bool = False
+    runner_pid: int | None = None  # the child that ran the supervisor (run_group_in), else None
 
 
 def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fail: bool = True,
@@ -163,3 +179,102 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
         shutil.rmtree(workdir, ignore_errors=True)
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+class CampaignCrashed(RuntimeError):
+    """The child's campaign raised (or the child died) before an outcome."""
+
+    def __init__(self, message: str, template_failed: bool = False) -> None:
+        super().__init__(message)
+        self.template_failed = template_failed
+
+
+# How long a child told to stop may take to stop its campaign (its workers are killed by pid,
+# its directory removed) before it is killed itself.
+CHILD_STOP_S = 60.0
+
+
+class _Child:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    def stop(self, reason: str) -> None:
+        del reason  # the child learns only that it must stop: it stops as its own driver would
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+
+def run_group_in(tree_root: Path, group: str, case_ids: list[str], *, stop_on_fail: bool = True,
+                 deadline: float | None = None, jobs: int = 2, scenarios: list[str] | None = None) -> Outcome:
+    """`run_group` in a child process started in `tree_root`, which then runs the supervisor and
+    the workers alike. The child inherits this environment (the case map's coverage settings
+    included), stops when told to (`stop_running`) or when this process is gone, and keeps the
+    deadline itself. Raises CampaignCrashed when it ends without an outcome."""
+    if stopped():
+        return Outcome(timed_out=True)
+    from supervisor.procs import pool
+
+    with tempfile.TemporaryDirectory(prefix="hermes-mutation-child-") as scratch:
+        request, result = Path(scratch) / "request.json", Path(scratch) / "outcome.json"
+        request.write_text(json.dumps({
+            "group": group, "cases": case_ids, "stop_on_fail": stop_on_fail, "jobs": jobs, "scenarios": scenarios,
+            "seconds": None if deadline is None else max(0.0, deadline - time.monotonic())}))
+        env = dict(os.environ, PYTHONPATH=str(tree_root), PYTHONDONTWRITEBYTECODE="1",
+                   NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+        with pool.starting_child():
+            proc = subprocess.Popen([sys.executable, "-m", "mutation.launch", str(request), str(result),
+                                     "--driver", str(os.getpid())], cwd=tree_root, env=env, start_new_session=True)
+            pool.claim_child(proc.pid)
+        child = _Child(proc)
+        _running.append(child)
+        try:
+            proc.wait()
+        finally:
+            _running.remove(child)
+            if proc.poll() is None:  # this process is unwinding: the child stops its campaign first
+                child.stop("unwinding")
+                try:
+                    proc.wait(timeout=CHILD_STOP_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            pool.release_child(proc.pid)
+        try:
+            answer = json.loads(result.read_text())
+        except (OSError, ValueError):
+            raise CampaignCrashed(f"the {group} campaign's process ended ({proc.returncode}) with no outcome") from None
+    if "crashed" in answer:
+        raise CampaignCrashed(answer["crashed"], template_failed=answer.get("template_failed", False))
+    fields = answer["outcome"]
+    fields["spawned"] = [(int(pid), label) for pid, label in fields["spawned"]]
+    return Outcome(**dict(fields, runner_pid=proc.pid))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child of run_group_in: run the request's cases from this tree, write the outcome."""
+    from hermes.private_files import replace_file_durably
+    from mutation.oracle import stop_with_driver
+    from supervisor.procs.pool import TemplateFailed
+
+    parser = argparse.ArgumentParser(prog="python -m mutation.launch")
+    parser.add_argument("request", type=Path)
+    parser.add_argument("outcome", type=Path)
+    parser.add_argument("--driver", type=int, required=True)
+    args = parser.parse_args(argv)
+    stop_with_driver(args.driver)
+    asked = json.loads(args.request.read_text())
+    deadline = None if asked["seconds"] is None else time.monotonic() + asked["seconds"]
+    answer: dict[str, Any]
+    try:
+        outcome = run_group(Path(__file__).resolve().parents[1], asked["group"], asked["cases"],
+                            stop_on_fail=asked["stop_on_fail"], deadline=deadline, jobs=asked["jobs"],
+                            scenarios=asked["scenarios"])
+        answer = {"outcome": asdict(outcome)}
+    except Exception as exc:  # noqa: BLE001 - the parent decides what a crash says of the tree
+        answer = {"crashed": f"{type(exc).__name__}: {exc}"[:2000], "template_failed": isinstance(exc, TemplateFailed)}
+    replace_file_durably(args.outcome, json.dumps(answer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

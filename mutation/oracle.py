@@ -3,10 +3,12 @@ line, stopped at the first that fails.
 
     python -m mutation.oracle --pristine P --mutant-tree M --map MAP --result OUT [--budget S]
 
-It runs from the pristine copy P (the supervisor and its checker are never mutated), finds the
-one core module of M that differs from P, the lines the mutation changed, and, from the case
-map, the cases of each campaign group that execute them; then runs them with the workers
-importing M. Exit status (cosmic-ray's reading): 1 killed (a case's campaign would fail:
+It runs from the pristine copy P, finds the one core module of M that differs from P, the lines
+the mutation changed, and, from the case map, the cases of each campaign group that execute
+them; then runs them with the workers importing M, the supervisor and its checker pristine.
+A line no worker runs but the checker does (its readers of the session store) is judged with the
+supervisor importing M too, in a child process started there: the verdict must not pass when
+what it reads is wrong. Exit status (cosmic-ray's reading): 1 killed (a case's campaign would fail:
 a violated invariant, or a case that could not be judged, which fails a campaign too), 0
 survived (including "no case executes the line"), 3 when the budget ran out, or the oracle was told
 to stop, before a verdict.
@@ -54,8 +56,8 @@ def judge(pristine: Path, mutant_tree: Path, the_map: dict[str, Any], budget: fl
     if found is None:
         return {"outcome": "no-mutation"}
     module, lines = found
-    chosen = casemap.cases_for(the_map, module, lines)
-    report: dict[str, Any] = {"module": module, "lines": sorted(lines),
+    side, chosen = casemap.chosen_cases(the_map, module, lines)
+    report: dict[str, Any] = {"module": module, "lines": sorted(lines), "side": side,
                               "cases": {g: len(c) for g, c in chosen.items()}}
     if not chosen:
         return dict(report, outcome="unexecuted")
@@ -64,9 +66,14 @@ def judge(pristine: Path, mutant_tree: Path, the_map: dict[str, Any], budget: fl
     for group, cases in chosen.items():
         spawned = launch.workers_spawned()
         try:
-            outcome = launch.run_group(mutant_tree, group, cases, deadline=deadline)
+            if side == "workers":
+                outcome = launch.run_group(mutant_tree, group, cases, deadline=deadline)
+            else:  # a line only the checker runs: the supervisor runs the mutant too
+                outcome = launch.run_group_in(mutant_tree, group, cases, deadline=deadline)
         except Exception as exc:  # noqa: BLE001 - the campaign a user runs would crash: it does not pass
-            if launch.workers_spawned() == spawned and not isinstance(exc, TemplateFailed):
+            # A supervisor running the mutant that crashes was crashed by it: the map ran the same
+            # campaign from a pristine copy of this tree.
+            if side == "workers" and launch.workers_spawned() == spawned and not isinstance(exc, TemplateFailed):
                 # No worker ran the mutant yet, and the supervisor is pristine: the harness failed
                 # (a setting this tree does not know, a missing tool), which says nothing of the mutant.
                 # A worker template that died did run it: the template imports the measured tree (a
@@ -75,7 +82,7 @@ def judge(pristine: Path, mutant_tree: Path, the_map: dict[str, Any], budget: fl
                             f"any worker started: {type(exc).__name__}: {exc}"[:2000],
                             ran=ran, seconds=round(time.monotonic() - started, 2))
             return dict(report, outcome="killed", group=group, case=None, by=[f"campaign-crashed:{type(exc).__name__}"],
-                        ran=ran, seconds=round(time.monotonic() - started, 2))
+                        detail=str(exc)[:2000], ran=ran, seconds=round(time.monotonic() - started, 2))
         ran += len(outcome.ran)
         if launch.stopped():
             return dict(report, outcome="stopped", why=launch.stopped(), ran=ran,
@@ -89,7 +96,7 @@ def judge(pristine: Path, mutant_tree: Path, the_map: dict[str, Any], budget: fl
     return dict(report, outcome="survived", ran=ran, seconds=round(time.monotonic() - started, 2))
 
 
-def _stop_with_driver(driver: int | None) -> None:
+def stop_with_driver(driver: int | None) -> None:
     """SIGTERM or SIGINT, or the end of `driver` (the `scripts/mutation run` process), stops the
     campaign cleanly and every one after it. cosmic-ray starts the oracle through a shell in a session
     of its own, so neither the parent-death signal (the shell outlives the driver) nor a signal to the
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=600.0)
     parser.add_argument("--driver", type=int, help="the pid of the run that started this oracle: stop when it ends")
     args = parser.parse_args(argv)
-    _stop_with_driver(args.driver)
+    stop_with_driver(args.driver)
     verdict = judge(args.pristine.resolve(), args.mutant_tree.resolve(), casemap.load(args.map), args.budget)
     args.result.write_text(json.dumps(verdict, sort_keys=True))
     print(json.dumps(verdict, sort_keys=True))

@@ -37,8 +37,9 @@ def prepare(source: Path, work: Path, groups: list[str], log: Callable[[str], No
     pristine = tree.copy_tree(source, work / "pristine", files)
     # The oracle runs this package, as it is here, whatever tree is measured (a frozen copy may hold an older one).
     ours = Path(__file__).resolve().parent
-    shutil.rmtree(pristine / "mutation", ignore_errors=True)
-    shutil.copytree(ours, pristine / "mutation", ignore=shutil.ignore_patterns("__pycache__"))
+    for copy in (pristine, mutant_tree):  # the mutant tree too: a checker-side mutant's supervisor runs there
+        shutil.rmtree(copy / "mutation", ignore_errors=True)
+        shutil.copytree(ours, copy / "mutation", ignore=shutil.ignore_patterns("__pycache__"))
     files = sorted(f for f in set(files) | {str(p.relative_to(pristine)) for p in (pristine / "mutation").rglob("*")}
                    if (pristine / f).is_file() and "__pycache__" not in f)
     version = tree.code_version(pristine, files)
@@ -144,7 +145,7 @@ def budget_for(state: dict[str, Any], m: mutants.Mutant) -> float:
     """Three times what the mutant's cases took in the map run, over two jobs, within bounds."""
     source = (state["pristine"] / m.module).read_text()
     lines = casemap.statement_lines(source, {m.line})
-    chosen = casemap.cases_for(state["map"], m.module, lines)
+    _side, chosen = casemap.chosen_cases(state["map"], m.module, lines)
     return min(MAX_BUDGET, max(MIN_BUDGET, 3 * casemap.estimated_seconds(state["map"], chosen) / 2 + 30))
 
 

@@ -79,9 +79,10 @@ def oracle_version(root: Path, files: list[str]) -> str:
 
 
 # What decides which lines each case runs: the runtime, the worker, and the scenarios and kill
-# points the cases are derived from. The rest of the harness judges, it does not steer.
+# points the cases are derived from, and how the map measures them. The rest of the harness
+# judges, it does not steer (what the checker reads of the core is the runtime's code).
 MAP_INPUTS = ("hermes/", "worker/", "supervisor/chaos/scenarios.py", "supervisor/chaos/generator.py",
-              "testkit/modelserver")
+              "testkit/modelserver", "mutation/casemap.py", "mutation/launch.py")
 
 
 def code_version(root: Path, files: list[str]) -> str:

@@ -146,6 +146,31 @@ def test_a_timer_that_misses_is_aimed_again_at_the_span_its_run_showed(tmp_path:
 
 @pytest.mark.chaos
 @pytest.mark.xdist_group("chaos")
+def test_a_snapshot_the_supervisor_cannot_take_leaves_its_case_unjudged_not_the_campaign_crashed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by mutating the checker's snapshot reader: the snapshot taken when a worker exits
+    raised out of the case, and the whole campaign ended in a traceback."""
+    from supervisor.chaos import runner
+    from supervisor.chaos.campaign import Campaign
+    from supervisor.chaos.checker.verdict import UNKNOWN
+
+    real, calls = runner.snapshot_and_ask, []
+
+    def first_fails(path: Path, question: Any) -> Any:
+        calls.append(path)
+        if len(calls) == 1:
+            raise runner.StorageError(f"cannot snapshot {path.name}: it kept changing while it was copied")
+        return real(path, question)
+
+    monkeypatch.setattr(runner, "snapshot_and_ask", first_fails)
+    [result] = Campaign(CampaignConfig(scenarios=["single-tool"], jobs=1, workdir=tmp_path / "work",
+                                       case_ids=("single-tool/fault-free",))).run()
+    assert calls and result.verdict.valid == UNKNOWN, result.verdict.message
+    assert "snapshot after exit: cannot snapshot state.db: it kept changing" in result.verdict.message
+
+
+@pytest.mark.chaos
+@pytest.mark.xdist_group("chaos")
 def test_a_case_reruns_exactly_from_its_id(tmp_path: Path) -> None:
     case_id = "self-kill/probe:self@tool.dispatch.after:1@t0p1"
     done = supervisor("chaos", "--case", case_id, "--report", str(tmp_path / "one"))

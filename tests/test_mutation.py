@@ -328,6 +328,53 @@ def test_the_campaign_oracle_kills_the_sample_mutant(tmp_path: Path, sample: tup
     assert verdict["case"] == case_id and verdict["by"], verdict
 
 
+def test_a_line_only_the_checker_runs_is_judged_with_the_supervisor_running_the_mutant(tmp_path: Path) -> None:
+    """No worker opens a snapshot of the session database; the checker reads every case through one.
+    A snapshot that retries its copy until it gives up (its `break` made `continue`) leaves every
+    case unjudged, but only a supervisor importing the mutant runs it: the oracle starts one there."""
+    from cosmic_ray.mutating import apply_mutation
+    from cosmic_ray.plugins import get_operator
+
+    module, operator = "hermes/store/snapshot.py", "core/ReplaceBreakWithContinue"
+    [mutant] = [m for m in mutants.enumerate_module(REPO, module) if m.operator == operator]
+    copy = tree.copy_tree(REPO, tmp_path / "tree")
+    _, mutated = apply_mutation(copy / module, get_operator(operator)(), mutant.occurrence)
+    assert mutated is not None
+    case_id = "single-tool/fault-free"
+    the_map = {"groups": {"sqlite": {"cases": [case_id], "case_seconds": [1.0], "lines": {},
+                                     "checker_lines": {module: [mutant.line]}}}}
+    verdict = oracle.judge(REPO, copy, the_map, budget=120)
+    assert verdict["side"] == "checker" and verdict["outcome"] == "killed", verdict
+    assert verdict["case"] == case_id and verdict["by"], verdict
+    # Executed by a worker too, the line is judged with the supervisor pristine: it never runs there.
+    the_map["groups"]["sqlite"]["lines"] = {module: {str(mutant.line): [0]}}
+    verdict = oracle.judge(REPO, copy, the_map, budget=120)
+    assert verdict["side"] == "workers" and verdict["outcome"] == "survived", verdict
+
+
+def test_the_case_map_credits_what_the_checker_ran_to_every_case_of_its_group(tmp_path: Path) -> None:
+    """The supervisor's own data file (the process that ran the campaign) holds the checker's lines:
+    the group's, not any case's, and not a template's (credited to every case's workers)."""
+    import coverage
+
+    module = tmp_path / "hermes" / "reader.py"
+    module.parent.mkdir()
+    module.write_text("a = 1\nb = 2\nc = 3\n")
+    for pid, lines in ((100, [1, 2]), (200, [3])):  # the supervisor's, a worker's
+        data = coverage.CoverageData(basename=str(tmp_path / f"cov.{pid}"))
+        data.add_lines({str(module): lines})
+        data.write()
+    ran = ["writes/fault-free", "writes/probe:self@flush.begin:1@t0p0"]
+    outcome = launch.Outcome(ran=ran, spawned=[(200, ran[1])], runner_pid=100)
+    entry = casemap._group_map(tmp_path, tmp_path, outcome, 1.0)
+    assert entry["checker_lines"] == {"hermes/reader.py": [1, 2]}
+    assert set(entry["lines"]["hermes/reader.py"]) == {"3"}
+    the_map = {"groups": {"sqlite": entry}}
+    assert casemap.chosen_cases(the_map, "hermes/reader.py", {2}) == ("checker", {"sqlite": entry["cases"]})
+    assert casemap.chosen_cases(the_map, "hermes/reader.py", {3}) == ("workers", {"sqlite": [ran[1]]})
+    assert casemap.chosen_cases(the_map, "hermes/reader.py", {4}) == ("checker", {})
+
+
 def test_a_case_failing_on_the_original_code_is_no_oracle(tmp_path: Path) -> None:
     """A case whose campaign fails without any mutant cannot tell a mutant from the original: the
     case map leaves it out (no mutant is ever judged by it) and names it."""

@@ -320,8 +320,14 @@ class CaseRunner:
         same copy, which `turn_state` then answers with while no worker has run since."""
         question = None if turn_index is None else (lambda conn: self.read_turn_state(conn, turn_index))
         self._state_seen = self._durable_seen = None
-        with self.durable_state() as path:
-            durable, state = snapshot_and_ask(path, question)
+        try:
+            with self.durable_state() as path:
+                durable, state = snapshot_and_ask(path, question)
+        except StorageError as exc:
+            # The case goes on, unjudged: one database the supervisor cannot read is that case's
+            # failure to observe, not the campaign's (its other cases are judged as ever).
+            self.history.record("harness_error", error=f"snapshot after {after}: {exc}")
+            return
         self.record_snapshot(after, durable, turn_index, state)
 
     def record_snapshot(self, after: str, durable: Durable, turn_index: int | None, state: Any) -> None:
