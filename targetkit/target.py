@@ -58,6 +58,9 @@ class Promises:
     durable_projections: bool = True  # nothing is shown before it is durable
     private_files: bool = False       # its files are 0600 and its directories 0700 (judged only when promised)
     counted_model_calls: bool = False  # the `api_calls` it reports are the model requests it made for the turn
+    # A tool result longer than this many characters is kept in the transcript as a preview naming
+    # a file that holds it whole, and no shorter one is (judged only when given).
+    spills_results_over: int | None = None
     promised: Mapping[tuple[str, str], str] = field(default_factory=dict)
     documented: Mapping[tuple[str, str], str] = field(default_factory=dict)
     claims: str = ""

@@ -1137,6 +1137,35 @@ def test_result_fidelity_names_a_stored_preview_of_an_oversized_result(scenario:
     assert all(v.kind == "damage" for v in verdict.violations)
 
 
+def test_result_fidelity_holds_a_runtime_to_where_it_promises_to_spill(scenario: Scenario) -> None:
+    """Our runtime keeps a result over its limit as a preview naming a file, and no shorter one:
+    one that never spills (or spills everything) passes every other check, the text being whole."""
+    from dataclasses import replace
+
+    from hermes.executor import maybe_persist_tool_result
+    from targetkit import FULL_PROMISES
+    from worker.chaos_tools import clean_results
+
+    _single_turn(scenario)
+    big, small = {"key": "a", "pad": 1000}, {"key": "b"}
+    calls = [call(f"c-{i}", "lookup", json.dumps(a)) for i, a in enumerate((big, big, small, small))]
+    scenario.assistant("t1", None, tuple(calls))
+    spill_dir = scenario.db_path.parent / "spilled"
+    for c, arguments, spill in zip(calls, (big, big, small, small), (True, False, False, True)):
+        whole = next(iter(clean_results("lookup", arguments)))
+        content = maybe_persist_tool_result(content=whole, tool_name="lookup", tool_call_id=c["id"],
+                                            spill_dir=spill_dir, threshold=0) if spill else whole
+        scenario.tool("t1", c, IDEMPOTENT, content)
+    holds(result_fidelity(scenario.db_path))  # no limit promised: either way keeps the text whole
+    promised = replace(FULL_PROMISES, spills_results_over=500)
+    verdict = result_fidelity(scenario.db_path, promises=promised)
+    found = {v.witness["row"]["tool_call_id"]: v.message for v in verdict.violations}
+    assert sorted(found) == ["c-1", "c-3"], found
+    assert "kept in the transcript although over the 500 characters" in found["c-1"]
+    assert "spilled to a file although within the 500 characters" in found["c-3"]
+    assert verdict.counts["results_judged"] == 4
+
+
 def test_result_fidelity_allows_an_unknown_outcome_only_after_an_interruption(scenario: Scenario) -> None:
     _single_turn(scenario)
     scenario.assistant("t1", None, (NOTE,))

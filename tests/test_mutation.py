@@ -304,6 +304,12 @@ SAMPLE = [
     # Model calls are never counted on their turn (found by the sample of shard 3): the turn's limit
     # no longer holds across restarts, and the daemon reports 0 calls (`outcome-honesty`).
     ("hermes/turn.py", "core/AddNot", "if db is None or self.id is None:", "sqlite", "single-tool/fault-free"),
+    # A large result is never spilled, or every small one is (found by the sample of shard 4): the
+    # text stays whole either way, so only the promise of where our runtime spills shows it.
+    ("hermes/executor.py", "core/ReplaceComparisonOperator_LtE_NotEq",
+     "if len(content) <= threshold or spill_dir is None:", "sqlite", "parallel-read/fault-free"),
+    ("hermes/executor.py", "core/AddNot",
+     "if len(content) <= threshold or spill_dir is None:", "sqlite", "single-tool/fault-free"),
 ]
 
 

@@ -16,14 +16,16 @@ import logging
 import os
 import sqlite3
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hermes import persistence_failure
+from hermes.executor import SPILL_THRESHOLD_CHARS
 from hermes.state import SessionDB, StorageError
 from hermes.store.engines import open_store
 from hermes.transcript import is_final_answer
 from hermes.turn import PERSISTENCE_FAILED
-from targetkit import Target
+from targetkit import FULL_PROMISES, Target
 from worker.link import SupervisorLink
 from worker.targets import Report, UsageError, open_ledger, show, toolsets_of
 
@@ -35,7 +37,7 @@ log = logging.getLogger("worker")
 # The runtime (hermes.runner, and the openai SDK under it) is imported when a turn runs, not with
 # this record: every supervisor reads the record, and a worker's template imports the runtime anyway.
 TARGET = Target("hermes", "ours (default)", adapter=__name__, schema="supervisor.chaos.schema.hermes",
-                forkserver=True)
+                forkserver=True, promises=replace(FULL_PROMISES, spills_results_over=SPILL_THRESHOLD_CHARS))
 
 
 def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:

@@ -117,7 +117,7 @@ def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[d
         well_formed(d),
         effect_semantics(d, ledger, events, applied=applied_writes, promises=promises, read_only=read_only,
                          ledgered_tools=CHAOS_TOOLS | set(own.declared if not isinstance(own, str) else ())),
-        result_fidelity(d, events, expect, own=own),
+        result_fidelity(d, events, expect, own=own, promises=promises),
         stream_honesty(events, promises),
         turn_liveness(d, events, expect),
         outcome_honesty(d, events, trajectories, counted_calls=promises.counted_model_calls),

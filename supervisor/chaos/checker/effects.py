@@ -417,7 +417,7 @@ def _is_preview(content: Any, expected: Collection[Any]) -> bool:
 
 def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expectation | None = None, *,
                     oracle: Callable[[str, Any], frozenset[str] | None] = clean_results,
-                    own: OwnRecords | str | None = None) -> Verdict:
+                    own: OwnRecords | str | None = None, promises: Promises = FULL_PROMISES) -> Verdict:
     """Every durable result says what really happened, and every completed answer is the script's.
 
     Each original tool row equals, character for character, a result its tool returns for
@@ -433,7 +433,9 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
       calls such an interrupt cuts off with the unknown outcome);
     * the cancelled result, when no dispatch intent was ever recorded (the call never started).
     A result too big for the transcript is judged by the file its preview row names (it must be
-    in the database's directory tree, hold the whole text, and begin with the preview).
+    in the database's directory tree, hold the whole text, and begin with the preview); a target
+    that promises where that begins (`promises.spills_results_over`) spills every result longer
+    than that, and no other.
     A harness or runtime error disguised as a tool result (a lost ledger write, a tool that
     crashed on the harness's own bug) fails here with the row and the clean results as witness.
     A user's own tool, run through the ledger (`own`: supervisor.chaos.checker.own_results), has
@@ -508,6 +510,13 @@ def result_fidelity(db: DB, events: Sequence[dict[str, Any]] = (), expect: Expec
                 violations.append(Violation(RESULT_FIDELITY, f"the result of {name} call {key[2]} was spilled to a "
                                                              f"file that {problem}", dict(witness, file=str(spilled[2]))))
                 continue
+        limit = promises.spills_results_over
+        if limit is not None and isinstance(content, str) and (len(content) > limit) != (spilled is not None):
+            violations.append(Violation(RESULT_FIDELITY, f"the result of {name} call {key[2]} ({len(content)} "
+                                        "characters) was " + ("spilled to a file although within" if spilled is not None
+                                                              else "kept in the transcript although over")
+                                        + f" the {limit} characters its runtime keeps inline",
+                                        dict(witness, characters=len(content), spill_limit=limit)))
         if content not in expected:
             said = ("what any run of it returned, as the effects ledger recorded" if recorded
                     else f"what {name} returns for these arguments")
