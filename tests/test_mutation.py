@@ -310,6 +310,13 @@ SAMPLE = [
      "if len(content) <= threshold or spill_dir is None:", "sqlite", "parallel-read/fault-free"),
     ("hermes/executor.py", "core/AddNot",
      "if len(content) <= threshold or spill_dir is None:", "sqlite", "single-tool/fault-free"),
+    # The limit one character off either way, or a result at the limit spilled: `parallel-read`
+    # holds one result right at the limit and one just over it.
+    ("hermes/executor.py", "core/NumberReplacer", "SPILL_THRESHOLD_CHARS = 100_000", "sqlite", "parallel-read/fault-free"),
+    ("hermes/executor.py", "core/NumberReplacer", "SPILL_THRESHOLD_CHARS = 100_000", "sqlite", "parallel-read/fault-free",
+     1),
+    ("hermes/executor.py", "core/ReplaceComparisonOperator_LtE_Lt",
+     "if len(content) <= threshold or spill_dir is None:", "sqlite", "parallel-read/fault-free"),
 ]
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from supervisor.chaos.scenarios import SCENARIOS, SPILLED_PAD, Scenario, Turn
+from supervisor.chaos.scenarios import SCENARIOS, Scenario, Turn, spills
 from testkit.script import Reply, ToolCallSpec
 
 GENERATED_PREFIX = "gen-"
@@ -205,7 +205,7 @@ def _block_features(calls: tuple[Call, ...]) -> set[str]:
         found.add("at-most-once")
     if "restart_agent" in tools:
         found.add("self-restart")
-    if any(c.tool == "lookup" and dict(c.arguments).get("pad", 0) >= SPILLED_PAD for c in calls):
+    if any(c.tool == "lookup" and spills(dict(c.arguments)) for c in calls):
         found.add("spilled-result")
     # How the runtime's executor splits a block: runs of read-only calls together, others alone.
     reads = [_policy(t) == "read" for t in tools]

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes.compaction import SUMMARY_PROMPT
+from hermes.executor import SPILL_THRESHOLD_CHARS
 from testkit.script import Reply, ToolCallSpec, content_text, last_user_text, reply_index
+from worker.chaos_tools import clean_results
 from worker.targets.hermes_agent_resume import without_recovery_note
 
 SESSION = "chaos-session"  # every case runs one session of this id
@@ -75,6 +77,16 @@ class Scenario:
 SPILLED_PAD = 120_000
 
 
+def spills(arguments: dict[str, Any]) -> bool:
+    """Is the result of a lookup with these arguments over the runtime's spill limit?"""
+    return max(len(text) for text in clean_results("lookup", arguments)) > SPILL_THRESHOLD_CHARS
+
+
+def pad_to(key: str, chars: int) -> int:
+    """The `pad` that makes a lookup of `key` return exactly `chars` characters."""
+    return chars - (len(next(iter(clean_results("lookup", {"key": key, "pad": 1})))) - 1)
+
+
 def _call(name: str, **arguments: object) -> ToolCallSpec:
     return ToolCallSpec(name, arguments)
 
@@ -88,10 +100,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         Turn("[single-tool] what is alpha?", (
             _tools(None, _call("lookup", key="alpha")),
             Reply("alpha is value-of-alpha."))),)),
-    Scenario("parallel-read", "a read-only batch run concurrently; one result is spilled to a file", (
+    # The two large results sit on either side of the spill limit: a runtime that spills one
+    # character early or late breaks its promise on one of them.
+    Scenario("parallel-read", "a read-only batch run concurrently; one result right at the spill limit is kept, "
+             "one just over it is spilled to a file", (
         Turn("[parallel-read] compare a, b and c", (
-            _tools("Looking up all three at once.", _call("lookup", key="a"),
-                   _call("slow_lookup", key="b", seconds=0.05), _call("lookup", key="c", pad=SPILLED_PAD)),
+            _tools("Looking up all three at once.", _call("lookup", key="a", pad=pad_to("a", SPILL_THRESHOLD_CHARS)),
+                   _call("slow_lookup", key="b", seconds=0.05),
+                   _call("lookup", key="c", pad=pad_to("c", SPILL_THRESHOLD_CHARS + 1))),
             Reply("a, b and c are all known."))),)),
     Scenario("mixed-batch", "reads, a write, a read: a segmented batch", (
         Turn("[mixed-batch] read two keys, store one, read again", (
