@@ -184,10 +184,6 @@ def run_group(worker_tree: Path, group: str, case_ids: list[str], *, stop_on_fai
 class CampaignCrashed(RuntimeError):
     """The child's campaign raised (or the child died) before an outcome."""
 
-    def __init__(self, message: str, template_failed: bool = False) -> None:
-        super().__init__(message)
-        self.template_failed = template_failed
-
 
 # How long a child told to stop may take to stop its campaign (its workers are killed by pid,
 # its directory removed) before it is killed itself.
@@ -214,7 +210,7 @@ def run_group_in(tree_root: Path, group: str, case_ids: list[str], *, stop_on_fa
         return Outcome(timed_out=True)
     from supervisor.procs import pool
 
-    with tempfile.TemporaryDirectory(prefix="hermes-mutation-child-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="hermes-campaign-child-") as scratch:
         request, result = Path(scratch) / "request.json", Path(scratch) / "outcome.json"
         request.write_text(json.dumps({
             "group": group, "cases": case_ids, "stop_on_fail": stop_on_fail, "jobs": jobs, "scenarios": scenarios,
@@ -244,7 +240,7 @@ def run_group_in(tree_root: Path, group: str, case_ids: list[str], *, stop_on_fa
         except (OSError, ValueError):
             raise CampaignCrashed(f"the {group} campaign's process ended ({proc.returncode}) with no outcome") from None
     if "crashed" in answer:
-        raise CampaignCrashed(answer["crashed"], template_failed=answer.get("template_failed", False))
+        raise CampaignCrashed(answer["crashed"])
     fields = answer["outcome"]
     fields["spawned"] = [(int(pid), label) for pid, label in fields["spawned"]]
     return Outcome(**dict(fields, runner_pid=proc.pid))
@@ -254,7 +250,6 @@ def main(argv: list[str] | None = None) -> int:
     """The child of run_group_in: run the request's cases from this tree, write the outcome."""
     from hermes.private_files import replace_file_durably
     from mutation.oracle import stop_with_driver
-    from supervisor.procs.pool import TemplateFailed
 
     parser = argparse.ArgumentParser(prog="python -m mutation.launch")
     parser.add_argument("request", type=Path)
@@ -271,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                             scenarios=asked["scenarios"])
         answer = {"outcome": asdict(outcome)}
     except Exception as exc:  # noqa: BLE001 - the parent decides what a crash says of the tree
-        answer = {"crashed": f"{type(exc).__name__}: {exc}"[:2000], "template_failed": isinstance(exc, TemplateFailed)}
+        answer = {"crashed": f"{type(exc).__name__}: {exc}"[:2000]}
     replace_file_durably(args.outcome, json.dumps(answer))
     return 0
 
