@@ -136,7 +136,8 @@ def run_mutant(state: dict[str, Any], m: mutants.Mutant, budget: float) -> dict[
         return dict(entry, outcome="error", detail=(work.output or "")[-2000:])
     if verdict.get("outcome") == "stopped":  # told to stop before a verdict: measured again next time
         return dict(entry, outcome="error", detail=f"stopped: {verdict.get('why')}")
-    entry.update({k: verdict[k] for k in ("outcome", "group", "case", "by", "ran", "cases") if k in verdict})
+    entry.update({k: verdict[k] for k in ("outcome", "group", "case", "by", "ran", "cases", "side", "detail")
+                  if k in verdict})
     entry["diff"] = (work.diff or "").replace(f"{state['mutant_tree']}/", "")[:1500]
     return entry
 
