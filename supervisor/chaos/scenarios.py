@@ -78,8 +78,9 @@ SPILLED_PAD = 120_000
 
 
 def spills(arguments: dict[str, Any]) -> bool:
-    """Is the result of a lookup with these arguments over the runtime's spill limit?"""
-    return max(len(text) for text in clean_results("lookup", arguments)) > SPILL_THRESHOLD_CHARS
+    """Is the result of a lookup with these arguments over the runtime's spill limit? (Told from
+    its padding: the result itself would be built for nothing.)"""
+    return int(arguments.get("pad") or 0) >= pad_to(str(arguments.get("key", "")), SPILL_THRESHOLD_CHARS + 1)
 
 
 def pad_to(key: str, chars: int) -> int:
