@@ -61,6 +61,9 @@ class Promises:
     # A tool result longer than this many characters is kept in the transcript as a preview naming
     # a file that holds it whole, and no shorter one is (judged only when given).
     spills_results_over: int | None = None
+    # Run with a compaction bound (ours: `--compact-above N`), it compacts the session before a turn
+    # whose older rows took it over the bound (judged only when promised).
+    compacts_between_turns: bool = False
     promised: Mapping[tuple[str, str], str] = field(default_factory=dict)
     documented: Mapping[tuple[str, str], str] = field(default_factory=dict)
     claims: str = ""

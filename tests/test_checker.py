@@ -22,6 +22,7 @@ from hermes.tools import AT_MOST_ONCE, IDEMPOTENT, ToolRegistry, tool_error
 from supervisor.chaos import checker
 from supervisor.chaos.checker import (
     CHAOS_TOOLS,
+    FULL_PROMISES,
     INVARIANTS,
     UNKNOWN,
     Expectation,
@@ -31,6 +32,7 @@ from supervisor.chaos.checker import (
     answer_once,
     check_case,
     check_structure,
+    compaction_bound,
     compose,
     consume_once,
     coverage,
@@ -51,6 +53,7 @@ from supervisor.chaos.checker import (
 )
 from supervisor.chaos.history import CaseHistory, HistoryWriter, read_history, snapshot_rows
 from supervisor.chaos.nemesis import Fault
+from targetkit import registry
 from worker import chaos_tools
 from worker.ledger import Ledger
 
@@ -489,6 +492,74 @@ def test_well_formed_fails_on_an_unreadable_database(tmp_path: Path) -> None:
     junk.write_bytes(b"this is not sqlite" * 100)
     failing(well_formed(junk), "well-formed")
     assert no_duplicate_rows(junk).valid == UNKNOWN  # others cannot tell
+
+
+# ============================================================ compaction-bound
+COMPACTING = Promises(compacts_between_turns=True, contract="ours")
+
+
+def _bounded(bound: int) -> Expectation:
+    return Expectation(turns=3, compact_above=bound)
+
+
+def test_compaction_bound_holds_a_turn_begun_on_an_outgrown_session_to_its_compaction(scenario: Scenario) -> None:
+    """Two turns (seven rows) and a third question: over a bound of four, the third turn must begin on
+    a compacted session; one older turn alone is nothing to compact, whatever its size."""
+    ids = build_clean(scenario)
+    holds(compaction_bound(scenario.db_path, [], _bounded(4), COMPACTING))  # the second turn: one turn before it
+    scenario.user("t3", "and now?")
+    violation = failing(compaction_bound(scenario.db_path, [], _bounded(4), COMPACTING), "compaction-bound")
+    assert "turn t3 began with 7 live rows, over the bound of 4, 5 of them older" in violation.message
+    assert violation.witness["older_row_ids"] == [ids["u1"], ids["a1"], ids["r-look"], ids["r-note"], ids["ans1"]]
+    holds(compaction_bound(scenario.db_path, [], _bounded(7), COMPACTING))  # within the bound
+
+
+def test_compaction_bound_holds_when_the_session_was_compacted_before_the_turn(scenario: Scenario) -> None:
+    ids = build_clean(scenario)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+    scenario.user("t3", "and now?")
+    verdict = compaction_bound(scenario.db_path, [], _bounded(2), COMPACTING)
+    holds(verdict)  # three live rows, over two: but only a summary stands before the previous question
+    assert verdict.counts["turns_judged"] == 3
+
+
+def test_compaction_bound_reads_the_live_rows_from_the_newest_summary_before_the_question(scenario: Scenario) -> None:
+    """Compacted inside the second turn, then grown again past the bound by that turn's own rows: the
+    third question comes after a summary, the second turn's clones and an older turn's rows no more."""
+    ids = build_clean(scenario)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+    scenario.raw("UPDATE messages SET active = 1 WHERE id = ?", ids["u1"])  # what `well-formed` reports
+    scenario.user("t3", "and now?")
+    holds(compaction_bound(scenario.db_path, [], _bounded(2), COMPACTING))
+    scenario.db.write_pending(SID, [{"role": "user", "content": "[not a summary]", "_turn_id": "t2"}])
+    scenario.user("t4", "and then?")
+    failing(compaction_bound(scenario.db_path, [], _bounded(2), COMPACTING), "compaction-bound")
+
+
+@pytest.mark.parametrize("event", [{"type": "model_fault", "faults": ["not_json"]},
+                                   {"type": "storage_fault", "fault": "locked"},
+                                   {"type": "server_fault", "fault": "pg-terminate"}])
+def test_compaction_bound_excuses_a_case_whose_model_or_store_was_made_to_fail(scenario: Scenario,
+                                                                                event: dict[str, Any]) -> None:
+    """A compaction is skipped, by design, when its summary request or its write fails."""
+    build_clean(scenario)
+    scenario.user("t3", "and now?")
+    verdict = compaction_bound(scenario.db_path, [event], _bounded(4), COMPACTING)
+    holds(verdict)
+    assert verdict.counts == {"turns_judged": 0, "cases_excused": 1}
+
+
+def test_compaction_bound_judges_only_a_target_that_promises_it_with_a_bound(scenario: Scenario) -> None:
+    build_clean(scenario)
+    scenario.user("t3", "and now?")
+    for promises, bound in ((FULL_PROMISES, 4), (COMPACTING, 0)):
+        verdict = compaction_bound(scenario.db_path, [], _bounded(bound), promises)
+        holds(verdict)
+        assert verdict.counts == {"turns_judged": 0}
+    ours = registry.get("hermes").promises
+    assert ours.compacts_between_turns
+    case = check_case(scenario.db_path, scenario.ledger_path, [], _bounded(4), promises=ours)
+    assert "compaction-bound" in {v.invariant for v in case.violations}
 
 
 # ============================================================ effect-semantics

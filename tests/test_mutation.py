@@ -317,6 +317,11 @@ SAMPLE = [
      1),
     ("hermes/executor.py", "core/ReplaceComparisonOperator_LtE_Lt",
      "if len(content) <= threshold or spill_dir is None:", "sqlite", "parallel-read/fault-free"),
+    # The session is never compacted between turns (its guard inverted): compaction inside the next
+    # turn, after its tool block, still bounds the transcript, but the turn began on the whole history
+    # (`compaction-bound`).
+    ("hermes/compaction.py", "core/ReplaceComparisonOperator_Is_IsNot", "if db is None or max_active_rows <= 0:",
+     "sqlite", "multi-turn-compaction/fault-free"),
 ]
 
 

@@ -29,6 +29,7 @@ class Expectation:
     turns: int                              # number of user turns that must end
     final_answers: tuple[str, ...] = ()     # expected final answer per turn, in order ("" = don't check)
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    compact_above: int = 0                  # the workers' compaction bound (0: none)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class Scenario:
     fixed_call_ids: bool = False
 
     def expectation(self) -> Expectation:
-        return Expectation(turns=len(self.turns), final_answers=tuple(t.answer for t in self.turns))
+        return Expectation(turns=len(self.turns), final_answers=tuple(t.answer for t in self.turns),
+                           compact_above=self.compact_above)
 
     def extra_args(self, command: str) -> list[str]:
         """Worker arguments this scenario adds to `command` (the same for a turn's first worker and
@@ -115,14 +117,17 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
             _tools("Reading, then writing.", _call("lookup", key="x"), _call("lookup", key="y"),
                    _call("set_value", key="z", value="from x and y"), _call("lookup", key="z")),
             Reply("Stored z after reading x and y."))),)),
-    Scenario("multi-turn-compaction", "three turns; older turns are compacted before the third", (
-        Turn("[multi-turn-compaction] first, look up one", (
-            _tools(None, _call("lookup", key="one")), Reply("one is known."))),
+    # Sized so that both moments compact: the first two turns leave six live rows, over the bound of
+    # five, so the session is compacted before the third turn; the third turn's tool block takes it
+    # over again, so it is compacted inside that turn too. (A tool block in the second turn would
+    # compact inside it, and the compaction between turns would never be due.)
+    Scenario("multi-turn-compaction", "three turns; older turns are compacted before the third and inside it", (
+        Turn("[multi-turn-compaction] first, remember that one is 1", (Reply("Noted: one is 1."),)),
         Turn("[multi-turn-compaction] second, store two", (
             _tools("Storing it.", _call("set_value", key="two", value="2")), Reply("two is stored."))),
         Turn("[multi-turn-compaction] third, look up three", (
             _tools(None, _call("lookup", key="three")), Reply("three is known, and I remember the rest."))),
-    ), compact_above=6),
+    ), compact_above=5),
     Scenario("streamed-answer", "a tool call and a streamed final answer", (
         Turn("[streamed-answer] look up the weather and tell me at length", (
             _tools("Let me check.", _call("lookup", key="weather")),
@@ -141,7 +146,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
             Reply("Restarted; the restart's outcome is unknown, everything else is done."))),)),
 )}
 
-SUMMARY_REPLY = "Earlier: one was looked up and two was stored."
+SUMMARY_REPLY = "Earlier: one is 1, and two was stored."
 
 
 class CampaignScript:

@@ -10,6 +10,7 @@ One small function per invariant of the design's contract, grouped by family:
     recovery     consume-once, recovery-determinism
     powercut     power-cut-durability
     files        private-files
+    compaction   compaction-bound
 
 Each states its property exactly in its docstring and returns a :class:`Verdict` whose
 `valid` is True, False or "unknown"; every violation names its invariant and carries a
@@ -28,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from supervisor.chaos.checker.compaction import compaction_bound
 from supervisor.chaos.checker.effects import CHAOS_TOOLS, KEYED_WRITES, effect_semantics, result_fidelity
 from supervisor.chaos.checker.evidence import as_durable, load_applied, load_executions, of_type
 from supervisor.chaos.checker.files import private_files
@@ -46,6 +48,7 @@ from supervisor.chaos.checker.transcript import (
 )
 from supervisor.chaos.checker.verdict import (
     ANSWER_ONCE,
+    COMPACTION_BOUND,
     CONSUME_ONCE,
     CONTRACT,
     COVERAGE,
@@ -84,12 +87,12 @@ from supervisor.chaos.scenarios import Expectation
 from targetkit import FULL_PROMISES, Promises
 
 __all__ = [
-    "ANSWER_ONCE", "CHAOS_TOOLS", "CONSUME_ONCE", "CONTRACT", "COVERAGE", "DAMAGE", "DURABLE_BEFORE_EFFECT",
+    "ANSWER_ONCE", "CHAOS_TOOLS", "COMPACTION_BOUND", "CONSUME_ONCE", "CONTRACT", "COVERAGE", "DAMAGE", "DURABLE_BEFORE_EFFECT",
     "DURABLE_BEFORE_VISIBLE", "EFFECT_SEMANTICS", "FAILS_CLOSED", "FULL_PROMISES", "INVARIANTS", "KEYED_WRITES",
     "NO_DUPLICATE_ROWS", "NO_KILL", "NO_LEDGER", "NO_LOST_ROWS", "OUTCOME_HONESTY", "POWER_CUT_DURABILITY", "PRIVATE_FILES", "RECOVERY_DETERMINISM", "RESULT_FIDELITY",
     "SANITIZE_PURE", "STREAM_HONESTY", "TURN_LIVENESS", "UNDETERMINED", "UNFIRED", "UNKNOWN", "UNREADABLE",
     "WELL_FORMED", "Durable", "Expectation", "Promises", "Verdict", "Violation", "answer_once", "check_case",
-    "check_structure", "compose", "consume_once", "coverage", "durable_before_effect", "durable_before_visible",
+    "check_structure", "compaction_bound", "compose", "consume_once", "coverage", "durable_before_effect", "durable_before_visible",
     "effect_semantics", "fails_closed", "load_applied", "load_durable", "load_executions", "no_duplicate_rows",
     "no_lost_rows", "outcome_honesty", "power_cut_durability", "private_files", "recovery_determinism", "result_fidelity", "sanitize_pure", "stream_honesty", "turn_liveness",
     "twin_transcript", "well_formed",
@@ -115,6 +118,7 @@ def check_case(db_path: Path | Durable, ledger_path: Path | None, events: list[d
         no_lost_rows(d, events),
         no_duplicate_rows(d),
         well_formed(d),
+        compaction_bound(d, events, expect, promises),
         effect_semantics(d, ledger, events, applied=applied_writes, promises=promises, read_only=read_only,
                          ledgered_tools=CHAOS_TOOLS | set(own.declared if not isinstance(own, str) else ())),
         result_fidelity(d, events, expect, own=own, promises=promises),

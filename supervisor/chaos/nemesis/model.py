@@ -20,6 +20,7 @@ from supervisor.chaos.nemesis.family import PER_CAMPAIGN, Nemesis
 from testkit.script import Reply, Script, request_key
 
 MODEL_FAULTS = ("http500", "http429", "truncate", "stall", "not_json", "empty_choices")
+UNRETRIED = ("not_json", "empty_choices")  # the request fails: a compaction's summary request too
 STALL_WORKER_TIMEOUT_S = 1.0  # the worker's request timeout when `stall` is on (else 20 s)
 STALL_S = 1.5  # how long a stalled request hangs: past that timeout, so the SDK retries
 
@@ -67,6 +68,13 @@ class ModelFaults(Nemesis):
     @classmethod
     def model_script(cls, script: Script, chosen: tuple[str, ...]) -> Script:
         return with_model_faults(script, list(chosen))
+
+    def setup(self) -> None:
+        # The case's record that a request of its workers may fail for good (the checker excuses a
+        # compaction skipped for want of a summary: supervisor.chaos.checker.compaction).
+        failing = [fault for fault in self.chosen if fault in UNRETRIED]
+        if failing:
+            self.case.history.record("model_fault", faults=failing)
 
     def worker_timeout(self, seconds: float) -> float:
         return STALL_WORKER_TIMEOUT_S if "stall" in self.chosen else seconds
