@@ -87,12 +87,13 @@ from supervisor.chaos.scenarios import Expectation
 from targetkit import FULL_PROMISES, Promises
 
 __all__ = [
-    "ANSWER_ONCE", "CHAOS_TOOLS", "COMPACTION_BOUND", "CONSUME_ONCE", "CONTRACT", "COVERAGE", "DAMAGE", "DURABLE_BEFORE_EFFECT",
-    "DURABLE_BEFORE_VISIBLE", "EFFECT_SEMANTICS", "FAILS_CLOSED", "FULL_PROMISES", "INVARIANTS", "KEYED_WRITES",
+    "ANSWER_ONCE", "CHAOS_TOOLS", "COMPACTION_BOUND", "CONSUME_ONCE", "CONTRACT", "COVERAGE", "DAMAGE",
+    "DURABLE_BEFORE_EFFECT", "DURABLE_BEFORE_VISIBLE", "EFFECT_SEMANTICS", "FAILS_CLOSED", "FULL_PROMISES", "INVARIANTS", "KEYED_WRITES",
     "NO_DUPLICATE_ROWS", "NO_KILL", "NO_LEDGER", "NO_LOST_ROWS", "OUTCOME_HONESTY", "POWER_CUT_DURABILITY", "PRIVATE_FILES", "RECOVERY_DETERMINISM", "RESULT_FIDELITY",
     "SANITIZE_PURE", "STREAM_HONESTY", "TURN_LIVENESS", "UNDETERMINED", "UNFIRED", "UNKNOWN", "UNREADABLE",
     "WELL_FORMED", "Durable", "Expectation", "Promises", "Verdict", "Violation", "answer_once", "check_case",
-    "check_structure", "compaction_bound", "compose", "consume_once", "coverage", "durable_before_effect", "durable_before_visible",
+    "check_structure", "compaction_bound", "compose", "consume_once", "coverage", "durable_before_effect",
+    "durable_before_visible",
     "effect_semantics", "fails_closed", "load_applied", "load_durable", "load_executions", "no_duplicate_rows",
     "no_lost_rows", "outcome_honesty", "power_cut_durability", "private_files", "recovery_determinism", "result_fidelity", "sanitize_pure", "stream_honesty", "turn_liveness",
     "twin_transcript", "well_formed",

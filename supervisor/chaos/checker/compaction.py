@@ -51,8 +51,7 @@ def compaction_bound(db: DB, events: Sequence[dict[str, Any]], expect: Expectati
     bound = expect.compact_above if expect is not None else 0
     if not promises.compacts_between_turns or bound <= 0:
         return verdict_of(COMPACTION_BOUND, [], {"turns_judged": 0})
-    excuses = [e for kind in EXCUSES for e in of_type(events, kind)]
-    if excuses:
+    if any(of_type(events, kind) for kind in EXCUSES):
         return verdict_of(COMPACTION_BOUND, [], {"turns_judged": 0, "cases_excused": 1})
     d = as_durable(db)
     if d.error:

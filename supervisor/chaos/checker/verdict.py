@@ -12,8 +12,8 @@ from typing import Any
 UNKNOWN = "unknown"
 
 INVARIANTS = ("durable-before-visible", "durable-before-effect", "no-lost-rows", "no-duplicate-rows",
-              "well-formed", "compaction-bound", "effect-semantics", "result-fidelity", "stream-honesty", "turn-liveness",
-              "outcome-honesty", "answer-once", "sanitize-pure", "fails-closed", "consume-once",
+              "well-formed", "compaction-bound", "effect-semantics", "result-fidelity", "stream-honesty",
+              "turn-liveness", "outcome-honesty", "answer-once", "sanitize-pure", "fails-closed", "consume-once",
               "recovery-determinism", "power-cut-durability", "private-files", "coverage")
 (DURABLE_BEFORE_VISIBLE, DURABLE_BEFORE_EFFECT, NO_LOST_ROWS, NO_DUPLICATE_ROWS, WELL_FORMED, COMPACTION_BOUND,
  EFFECT_SEMANTICS, RESULT_FIDELITY, STREAM_HONESTY, TURN_LIVENESS, OUTCOME_HONESTY, ANSWER_ONCE, SANITIZE_PURE,
