@@ -79,8 +79,9 @@ def test_features_follow_from_the_conversation_and_its_trace() -> None:
     between_turns = [(1, 0, "compact.in_txn", 1), (1, 0, "tool.dispatch.after", 1), (0, 0, "model.chunk", 1)]
     assert {"compaction", "streaming"} <= observed(conversation, between_turns)
     assert "compaction-mid-turn" not in observed(conversation, between_turns)
-    mid_turn = [(1, 0, "tool.dispatch.after", 1), (1, 0, "compact.in_txn", 1)]
+    mid_turn = [(1, 0, "turn.start", 1), (1, 0, "tool.dispatch.after", 1), (1, 0, "compact.in_txn", 1)]
     assert "compaction-mid-turn" in observed(conversation, mid_turn)
+    assert "compaction" not in observed(conversation, mid_turn)  # compacted inside a turn only
 
 
 def test_a_conversation_runs_as_a_scenario_the_campaign_model_answers() -> None:

@@ -170,7 +170,7 @@ def _explored() -> tuple[Conversation, list[tuple[int, int, str, int]]]:
              (0, 0, "flush.committed", 2), *((0, 0, "tool.dispatch.before", n) for n in (1, 2, 3)),
              (0, 0, "model.request", 2), (0, 0, "model.response", 2), (0, 0, "flush.committed", 3),
              (0, 0, "finalize.before", 1),
-             (1, 0, "turn.start", 1), (1, 0, "compact.in_txn", 1), (1, 0, "flush.committed", 1),
+             (1, 0, "compact.in_txn", 1), (1, 0, "turn.start", 1), (1, 0, "flush.committed", 1),
              (1, 0, "model.request", 1), (1, 0, "model.response", 1), (1, 0, "finalize.before", 1)]
     return conversation, trace
 
@@ -194,7 +194,7 @@ def test_first_seen_places_each_feature_at_the_hit_where_it_happened() -> None:
     assert set(seen) == observed(conversation, trace) == {"multi-turn", "block-of-3", "concurrent", "compaction"}
     assert (seen["block-of-3"]["turn"], seen["block-of-3"]["point"], seen["block-of-3"]["n"]) == (0, "model.response", 1)
     assert seen["compaction"]["hit"] == trace.index((1, 0, "compact.in_txn", 1))
-    assert seen["multi-turn"]["hit"] == trace.index((1, 0, "turn.start", 1))
+    assert seen["multi-turn"]["hit"] == trace.index((1, 0, "compact.in_txn", 1))  # the second turn's first hit
     block = json.loads(json.dumps(seen["block-of-3"]))  # as report.json keeps it
     assert not after_feature((0, 0, "flush.committed", 1), block)  # the block was not asked for yet
     assert after_feature((0, 0, "model.response", 1), block)       # the hit where it happened

@@ -47,7 +47,7 @@ FEATURES: dict[str, str] = {
     "repeated-message": "a user message asked again in a later turn",
     "streaming": "replies streamed",
     "empty-streamed-answer": "a streamed turn whose answer is empty",
-    "compaction": "older turns compacted",
+    "compaction": "older turns compacted before a turn",
     "compaction-mid-turn": "compaction between two tool rounds of one turn",
     "list-content": "a user message made of content parts (text and an image)",
     "unicode": "non-ASCII text: accents, other scripts, astral characters",
@@ -239,6 +239,8 @@ def observed(conversation: Conversation, trace: list[tuple[int, int, str, int]])
     for feature, probe in OBSERVED.items():
         if feature in found and probe not in names:
             found.discard(feature)
+    if "compaction" in found and _first_compaction_before_its_turn(trace) is None:
+        found.discard("compaction")
     if "compaction-mid-turn" in found and not _compacted_after_a_tool(trace):
         found.discard("compaction-mid-turn")
     return found
@@ -294,7 +296,7 @@ def first_seen(conversation: Conversation, trace: list[tuple[int, int, str, int]
             if "\x00" in text:
                 at("nul", index)
     at("streaming", next((i for i, p in enumerate(trace) if p[2] == "model.chunk"), None))
-    at("compaction", next((i for i, p in enumerate(trace) if p[2] == "compact.in_txn"), None))
+    at("compaction", _first_compaction_before_its_turn(trace))
     at("compaction-mid-turn", _first_compaction_after_a_tool(trace))
     seen = {}
     for feature in sorted(observed(conversation, trace)):
@@ -322,6 +324,18 @@ def after_feature(kill: tuple[int, int, str, int], seen: dict[str, Any]) -> bool
     if (turn, process) != (seen["turn"], seen["process"]):
         return (turn, process) > (seen["turn"], seen["process"])
     return n > int((seen.get("before") or {}).get(name, 0))
+
+
+def _first_compaction_before_its_turn(trace: list[tuple[int, int, str, int]]) -> int | None:
+    """The index in `trace` of the first compaction by a process before it started its turn: the one
+    between turns (a compaction inside a turn comes after the turn's start)."""
+    started: set[tuple[int, int]] = set()
+    for index, (turn, process, name, _n) in enumerate(trace):
+        if name == "turn.start":
+            started.add((turn, process))
+        elif name == "compact.in_txn" and (turn, process) not in started:
+            return index
+    return None
 
 
 def _compacted_after_a_tool(trace: list[tuple[int, int, str, int]]) -> bool:
