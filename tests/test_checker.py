@@ -546,16 +546,35 @@ def test_compaction_bound_excuses_a_case_whose_model_or_store_was_made_to_fail(s
     scenario.user("t3", "and now?")
     verdict = compaction_bound(scenario.db_path, [event], _bounded(4), COMPACTING)
     holds(verdict)
-    assert verdict.counts == {"turns_judged": 0, "cases_excused": 1}
+    assert verdict.counts == {"turns_judged": 0, "compactions_judged": 0, "cases_excused": 1}
 
 
-def test_compaction_bound_judges_only_a_target_that_promises_it_with_a_bound(scenario: Scenario) -> None:
+@pytest.mark.parametrize("bound, early", [(6, None), (7, "within the bound of 7"),
+                                          (0, "in a session run without a bound")])
+def test_compaction_bound_fails_a_compaction_before_the_session_outgrew_its_bound(scenario: Scenario, bound: int,
+                                                                                  early: str | None) -> None:
+    """Seven live rows summarized: over a bound of six, but not of seven, and never without a bound;
+    no fault excuses a compaction that came early."""
+    ids = build_clean(scenario)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+    verdict = compaction_bound(scenario.db_path, [{"type": "model_fault", "faults": ["not_json"]}], _bounded(bound),
+                               COMPACTING)
+    assert verdict.counts["compactions_judged"] == 1
+    if early is None:
+        holds(verdict)
+    else:
+        violation = failing(verdict, "compaction-bound")
+        assert f"a compaction summarized the session at 7 live rows, {early}" in violation.message
+
+
+def test_compaction_bound_judges_only_a_target_that_promises_it_in_a_case_of_known_bound(scenario: Scenario) -> None:
     build_clean(scenario)
     scenario.user("t3", "and now?")
-    for promises, bound in ((FULL_PROMISES, 4), (COMPACTING, 0)):
-        verdict = compaction_bound(scenario.db_path, [], _bounded(bound), promises)
+    for promises, expect in ((FULL_PROMISES, _bounded(4)), (COMPACTING, None)):
+        verdict = compaction_bound(scenario.db_path, [], expect, promises)
         holds(verdict)
         assert verdict.counts == {"turns_judged": 0}
+    holds(compaction_bound(scenario.db_path, [], _bounded(0), COMPACTING))  # no bound: no turn is due
     ours = registry.get("hermes").promises
     assert ours.compacts_between_turns
     case = check_case(scenario.db_path, scenario.ledger_path, [], _bounded(4), promises=ours)

@@ -1,11 +1,13 @@
-"""compaction-bound: a session run with a compaction bound starts every turn compacted.
+"""compaction-bound: a session is compacted when it outgrows its bound, and only then.
 
 A runtime that compacts between turns (ours: the worker's ``--compact-above N``) promises that a turn
 does not begin on an outgrown transcript: when more than N rows are live and some of them are older
 than the previous turn's question, the older ones become one summary before the new question is
 written. Compaction inside a turn does not make up for one skipped between turns: it comes only after
 a tool block, so a turn's first request, and every request of a turn without tools, would carry the
-whole history.
+whole history. Nor does it compact early: a compaction, between turns or inside one, comes only when
+more than N rows are live, and a session run without a bound is never compacted (each summary takes
+from the model history it was entitled to see).
 
 What was live when a question was written is told from the final database alone. Rows are only ever
 appended (ids grow in commit order, one writer per session), and only a compaction makes rows
@@ -14,8 +16,9 @@ just before a question are those from the newest summary before it up to it (all
 when there is none).
 
 A compaction is skipped, by design, when its summary request fails or comes back blank and when its
-write fails: a case in which the model, the store or its server was made to fail (`EXCUSES`) has its
-turns excused, counted and not judged.
+write fails: in a case in which the model, the store or its server was made to fail (`EXCUSES`) no
+turn is held to having begun compacted (the case is counted as excused). No fault excuses an early
+compaction.
 """
 from __future__ import annotations
 
@@ -43,16 +46,16 @@ def _is_question(row: dict[str, Any]) -> bool:
 
 def compaction_bound(db: DB, events: Sequence[dict[str, Any]], expect: Expectation | None,
                      promises: Promises) -> Verdict:
-    """For a target that promises to compact between turns (`promises.compacts_between_turns`) and a
-    case run with a bound (`expect.compact_above`, N > 0): every turn's question was written when at
-    most N rows were live, or when every live row older than the previous turn's question was a
-    summary (compacting them again would give the same shape). Cases that met a fault in `EXCUSES`
-    are not judged (counted as `cases_excused`)."""
-    bound = expect.compact_above if expect is not None else 0
-    if not promises.compacts_between_turns or bound <= 0:
+    """For a target that promises to compact between turns (`promises.compacts_between_turns`), in a
+    case whose bound is known (`expect.compact_above`: N, 0 for none):
+    * every turn's question was written when at most N rows were live, or when every live row older
+      than the previous turn's question was a summary (compacting them again gives the same shape);
+    * every compaction's summary was written when more than N rows were live (with no bound: never).
+    In a case that met a fault in `EXCUSES` turns are not held to the first (`cases_excused`)."""
+    if not promises.compacts_between_turns or expect is None:
         return verdict_of(COMPACTION_BOUND, [], {"turns_judged": 0})
-    if any(of_type(events, kind) for kind in EXCUSES):
-        return verdict_of(COMPACTION_BOUND, [], {"turns_judged": 0, "cases_excused": 1})
+    bound = expect.compact_above
+    excused = any(of_type(events, kind) for kind in EXCUSES)
     d = as_durable(db)
     if d.error:
         return unreadable(COMPACTION_BOUND, d)
@@ -60,31 +63,43 @@ def compaction_bound(db: DB, events: Sequence[dict[str, Any]], expect: Expectati
     for row in d.rows:
         by_session[row["session_id"]].append(row)
     violations: list[Violation] = []
-    judged = 0
+    judged = compactions = 0
     for session, rows in by_session.items():
         since = 0  # where the live transcript starts: the newest summary so far, or the first row
         for index, row in enumerate(rows):
             if _is_summary(row):
+                compactions += 1
+                violations += _early(session, row, rows[since:index], bound)
                 since = index
-            elif _is_question(row):
+            elif _is_question(row) and bound > 0 and not excused:
                 judged += 1
-                violation = _outgrown(session, row, rows[since:index], bound)
-                if violation is not None:
-                    violations.append(violation)
-    return verdict_of(COMPACTION_BOUND, violations, {"turns_judged": judged})
+                violations += _outgrown(session, row, rows[since:index], bound)
+    return verdict_of(COMPACTION_BOUND, violations, {"turns_judged": judged, "compactions_judged": compactions,
+                                                     "cases_excused": int(excused)})
 
 
-def _outgrown(session: str, question: dict[str, Any], live: list[dict[str, Any]], bound: int) -> Violation | None:
+def _early(session: str, summary: dict[str, Any], live: list[dict[str, Any]], bound: int) -> list[Violation]:
+    """The violation of a compaction whose summary was written after only `live`, when those rows
+    were within the bound (or there was none)."""
+    if bound > 0 and len(live) > bound:
+        return []
+    within = f"within the bound of {bound}" if bound > 0 else "in a session run without a bound"
+    return [Violation(COMPACTION_BOUND, f"a compaction summarized the session at {len(live)} live rows, {within}", {
+        "session": session, "summary_row_id": summary["id"], "bound": bound, "live_rows": len(live),
+        "rows": [brief(r) for r in live[:3]]})]
+
+
+def _outgrown(session: str, question: dict[str, Any], live: list[dict[str, Any]], bound: int) -> list[Violation]:
     """The violation of a question written after `live`, when those rows were due for compaction."""
     if len(live) <= bound:
-        return None
+        return []
     previous = max((i for i, r in enumerate(live) if r["role"] == "user"), default=0)
     older = [r for r in live[:previous] if not _is_summary(r)]
     if not older:
-        return None
-    return Violation(COMPACTION_BOUND, f"turn {question['turn_id']} began with {len(live)} live rows, over the "
+        return []
+    return [Violation(COMPACTION_BOUND, f"turn {question['turn_id']} began with {len(live)} live rows, over the "
                                        f"bound of {bound}, {len(older)} of them older than the previous turn's "
                                        "question: the session was not compacted before it", {
         "session": session, "turn": question["turn_id"], "question_row_id": question["id"], "bound": bound,
         "live_rows": len(live), "older_row_ids": [r["id"] for r in older],
-        "rows": [brief(r) for r in older[:3]]})
+        "rows": [brief(r) for r in older[:3]]})]
