@@ -377,6 +377,22 @@ def test_well_formed_holds_a_turn_kept_again_by_the_next_compaction(scenario: Sc
     holds(well_formed(scenario.db_path))
 
 
+def test_well_formed_holds_an_archived_compaction_to_the_one_turn_it_should_have_kept(scenario: Scenario) -> None:
+    """A compaction that kept an older turn's rows with the newest one's, then a later compaction that
+    keeps one turn's: the active rows are right again, but the first compaction's clones, archived since,
+    were shown to the model meanwhile."""
+    ids = build_clean(scenario)
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["a1"])
+    first = well_formed(scenario.db_path)
+    failing(first, "well-formed")
+    assert any("of 2 turns" in v.message for v in first.violations), first.to_json()
+    kept_of_t1 = max(m["_row_id"] for m in scenario.db.load_live_messages(SID) if m.get("_turn_id") == "t1")
+    scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary 2]"}], watermark=kept_of_t1)
+    violation = failing(well_formed(scenario.db_path), "well-formed")
+    assert "kept rows of 2 turns (t1, t2)" in violation.message and "active" not in violation.message
+    assert len(well_formed(scenario.db_path).violations) == 1
+
+
 def test_well_formed_fails_when_a_compaction_leaves_an_older_row_active(scenario: Scenario) -> None:
     ids = build_clean(scenario)
     scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])

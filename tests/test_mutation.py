@@ -322,10 +322,10 @@ SAMPLE = [
     # (`compaction-bound`).
     ("hermes/compaction.py", "core/ReplaceComparisonOperator_Is_IsNot", "if db is None or max_active_rows <= 0:",
      "sqlite", "multi-turn-compaction/fault-free"),
-    # The converse, inside a turn: compacted at exactly the bound, not over it. The second turn's tool
-    # block leaves five live rows, its bound: the session is summarized one turn early (`compaction-bound`).
-    ("hermes/compaction.py", "core/ReplaceComparisonOperator_LtE_Lt",
-     "if db.count_active_messages(session) <= max_active_rows:", "sqlite", "multi-turn-compaction/fault-free"),
+    # The converse: compacted at exactly the bound, not over it. The third turn leaves five live rows,
+    # the bound: the session is summarized before the fourth, which was not due (`compaction-bound`).
+    ("hermes/compaction.py", "core/ReplaceComparisonOperator_LtE_Lt", "if len(messages) <= max_active_rows:",
+     "sqlite", "multi-turn-compaction/fault-free"),
 ]
 
 

@@ -33,9 +33,13 @@ class Durable:
         return {t["id"] for t in self.turns if t["state"] == "running"}
 
     def active_rows_by_session(self) -> dict[str, list[dict[str, Any]]]:
+        return self.rows_by_session(active_only=True)
+
+    def rows_by_session(self, *, active_only: bool = False) -> dict[str, list[dict[str, Any]]]:
+        """Each session's rows (or active rows), in id order."""
         by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for row in self.rows:
-            if row["active"]:
+            if row["active"] or not active_only:
                 by_session[row["session_id"]].append(row)
         return dict(by_session)
 

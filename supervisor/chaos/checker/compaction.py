@@ -22,7 +22,6 @@ compaction.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Sequence
 
 from supervisor.chaos.checker.evidence import DB, as_durable, brief, of_type, unreadable
@@ -59,12 +58,9 @@ def compaction_bound(db: DB, events: Sequence[dict[str, Any]], expect: Expectati
     d = as_durable(db)
     if d.error:
         return unreadable(COMPACTION_BOUND, d)
-    by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in d.rows:
-        by_session[row["session_id"]].append(row)
     violations: list[Violation] = []
     judged = compactions = 0
-    for session, rows in by_session.items():
+    for session, rows in d.rows_by_session().items():
         since = 0  # where the live transcript starts: the newest summary so far, or the first row
         for index, row in enumerate(rows):
             if _is_summary(row):

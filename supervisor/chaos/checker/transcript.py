@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from itertools import takewhile
 from typing import Any, Sequence
 
 from hermes.transcript import call_ids, is_blank, is_blank_assistant
@@ -170,7 +171,8 @@ def well_formed(db: DB) -> Verdict:
     * no assistant row is blank (no text and no tool calls);
     * an assistant row without tool calls is never directly followed by another assistant row;
     * the rows a compaction kept (its clones, running turns' too) are one turn's, from its question on,
-      right after the summary, with no older row left active; each clone names the archived row it copies;
+      right after the summary, with no older row left active; so were an earlier compaction's, archived
+      since; each clone names the archived row it copies;
     * every started turn (running, done or failed) owns exactly one original user row
       (active or archived, not a compaction clone), it is the turn's first row, and its
       text is the turn's recorded user text: a turn never runs without its question.
@@ -190,6 +192,7 @@ def well_formed(db: DB) -> Verdict:
         checked += len(kept)
         violations += _transcript_shape(session, kept)
         violations += _compaction_kept_one_turn(session, rows)  # a compaction commits whole: running turns too
+    violations += _archived_compactions_kept_one_turn(d)
     violations += _turns_own_their_question(d)
     violations += _clones_copy_their_originals(d)
     return verdict_of(WELL_FORMED, violations,
@@ -223,6 +226,32 @@ def _compaction_kept_one_turn(session: str, rows: list[dict[str, Any]]) -> list[
     culprits = [rows[i] for i in clones[:3]] + left[:3]
     return [Violation(WELL_FORMED, "; ".join(problems), {
         "session": session, "row_ids": [r["id"] for r in culprits], "rows": [brief(r) for r in culprits]})]
+
+
+def _archived_compactions_kept_one_turn(d: Durable) -> list[Violation]:
+    """Each earlier compaction kept one turn's rows too, from its question on: the clones it wrote
+    right after its summary (one transaction) are rows of one turn, the first its question. A later
+    compaction archives an earlier one's mistake out of the active rows, not out of the table, and
+    the model was shown it meanwhile."""
+    violations = []
+    for session, rows in d.rows_by_session().items():
+        for index, summary in enumerate(rows):
+            if summary["active"] or not (summary["role"] == "user" and summary["turn_id"] is None
+                                         and summary["cloned_from"] is None):
+                continue  # not a summary, or the newest one, which `_compaction_kept_one_turn` judges
+            kept = list(takewhile(lambda r: r["cloned_from"] is not None, rows[index + 1:]))
+            turns = list(dict.fromkeys(r["turn_id"] for r in kept))
+            problems = []
+            if len(turns) > 1:
+                problems.append(f"kept rows of {len(turns)} turns ({', '.join(map(str, turns))})")
+            if kept and kept[0]["role"] != "user":
+                problems.append(f"kept rows starting with a {kept[0]['role']} row, not their turn's question")
+            if problems:
+                violations.append(Violation(WELL_FORMED, f"the compaction of summary row {summary['id']} "
+                                            + " and ".join(problems), {
+                    "session": session, "summary_row_id": summary["id"], "row_ids": [r["id"] for r in kept],
+                    "rows": [brief(r) for r in kept[:4]]}))
+    return violations
 
 
 # What a compaction clone copies from the row it stands for (`cloned_from`).
