@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from supervisor.chaos.checker.evidence import DB, as_durable, brief, of_type, unreadable
+from supervisor.chaos.checker.evidence import DB, as_durable, brief, is_summary_row, of_type, unreadable
 from supervisor.chaos.checker.verdict import COMPACTION_BOUND, Verdict, Violation, verdict_of
 from supervisor.chaos.scenarios import Expectation
 from targetkit import Promises
@@ -32,11 +32,6 @@ from targetkit import Promises
 # The events of faults that may make a compaction fail: a model that refused or garbled the summary
 # request (supervisor.chaos.nemesis.model), a store or its server that failed the write.
 EXCUSES = ("model_fault", "storage_fault", "server_fault")
-
-
-def _is_summary(row: dict[str, Any]) -> bool:
-    """A compaction's summary: an original user row of no turn (as `well-formed` reads it)."""
-    return row["role"] == "user" and row["turn_id"] is None and row["cloned_from"] is None
 
 
 def _is_question(row: dict[str, Any]) -> bool:
@@ -63,7 +58,7 @@ def compaction_bound(db: DB, events: Sequence[dict[str, Any]], expect: Expectati
     for session, rows in d.rows_by_session().items():
         since = 0  # where the live transcript starts: the newest summary so far, or the first row
         for index, row in enumerate(rows):
-            if _is_summary(row):
+            if is_summary_row(row):
                 compactions += 1
                 violations += _early(session, row, rows[since:index], bound)
                 since = index
@@ -90,7 +85,7 @@ def _outgrown(session: str, question: dict[str, Any], live: list[dict[str, Any]]
     if len(live) <= bound:
         return []
     previous = max((i for i, r in enumerate(live) if r["role"] == "user"), default=0)
-    older = [r for r in live[:previous] if not _is_summary(r)]
+    older = [r for r in live[:previous] if not is_summary_row(r)]
     if not older:
         return []
     return [Violation(COMPACTION_BOUND, f"turn {question['turn_id']} began with {len(live)} live rows, over the "

@@ -112,6 +112,11 @@ def when(event: dict[str, Any]) -> dict[str, Any]:
     return {k: event.get(k) for k in ("t", "type", "incarnation", "after") if k in event}
 
 
+def is_summary_row(row: dict[str, Any]) -> bool:
+    """A compaction's summary: an original user row of no turn."""
+    return row["role"] == "user" and row["turn_id"] is None and row["cloned_from"] is None
+
+
 def turn_brief(turn: dict[str, Any]) -> dict[str, Any]:
     text = turn.get("user_text")
     return {"id": turn["id"], "session": turn["session_id"], "state": turn["state"],

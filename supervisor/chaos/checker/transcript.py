@@ -16,6 +16,7 @@ from supervisor.chaos.checker.evidence import (
     as_durable,
     brief,
     final_answers,
+    is_summary_row,
     turn_brief,
     unreadable,
     when,
@@ -236,8 +237,7 @@ def _archived_compactions_kept_one_turn(d: Durable) -> list[Violation]:
     violations = []
     for session, rows in d.rows_by_session().items():
         for index, summary in enumerate(rows):
-            if summary["active"] or not (summary["role"] == "user" and summary["turn_id"] is None
-                                         and summary["cloned_from"] is None):
+            if summary["active"] or not is_summary_row(summary):
                 continue  # not a summary, or the newest one, which `_compaction_kept_one_turn` judges
             kept = list(takewhile(lambda r: r["cloned_from"] is not None, rows[index + 1:]))
             turns = list(dict.fromkeys(r["turn_id"] for r in kept))
