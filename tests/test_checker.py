@@ -51,9 +51,11 @@ from supervisor.chaos.checker import (
     twin_transcript,
     well_formed,
 )
+from supervisor.chaos.durable import Durable
 from supervisor.chaos.history import CaseHistory, HistoryWriter, read_history, snapshot_rows
 from supervisor.chaos.nemesis import Fault
 from targetkit import registry
+from targetkit.schema import RESUMES_TURN
 from worker import chaos_tools
 from worker.ledger import Ledger
 
@@ -550,6 +552,24 @@ def test_compaction_bound_reads_the_live_rows_from_the_newest_summary_before_the
     scenario.db.write_pending(SID, [{"role": "user", "content": "[not a summary]", "_turn_id": "t2"}])
     scenario.user("t4", "and then?")
     failing(compaction_bound(scenario.db_path, [], _bounded(2), COMPACTING), "compaction-bound")
+
+
+def test_compaction_bound_takes_no_resume_note_for_a_question(tmp_path: Path) -> None:
+    """A schema reader may mark a user row as the note that resumed a killed turn (upstream's gateway
+    writes one): it opens no turn, and the turn before the next question is still the one it resumed,
+    so two rows live over a bound of two are nothing to compact."""
+    def row(n: int, role: str, turn: str, **extra: Any) -> dict[str, Any]:
+        return {"id": n, "session_id": SID, "role": role, "turn_id": turn, "cloned_from": None, "active": 1,
+                "content": f"row {n}", **extra}
+
+    rows = [row(1, "user", "t1"), row(2, "assistant", "t1"), row(3, "tool", "t1"),
+            row(4, "user", "t1", **{RESUMES_TURN: True}), row(5, "assistant", "t1"), row(6, "user", "t2")]
+    verdict = compaction_bound(Durable(tmp_path / "state.db", [SID], rows), [], _bounded(2), COMPACTING)
+    holds(verdict)
+    assert verdict.counts["turns_judged"] == 2
+    rows[3] = row(4, "user", "t1")  # a second question of the same turn: the older rows are due
+    failing(compaction_bound(Durable(tmp_path / "state.db", [SID], rows), [], _bounded(2), COMPACTING),
+            "compaction-bound")
 
 
 @pytest.mark.parametrize("event", [{"type": "model_fault", "faults": ["not_json"]},

@@ -28,14 +28,20 @@ from supervisor.chaos.checker.evidence import DB, as_durable, brief, is_summary_
 from supervisor.chaos.checker.verdict import COMPACTION_BOUND, Verdict, Violation, verdict_of
 from supervisor.chaos.scenarios import Expectation
 from targetkit import Promises
+from targetkit.schema import RESUMES_TURN
 
 # The events of faults that may make a compaction fail: a model that refused or garbled the summary
 # request (supervisor.chaos.nemesis.model), a store or its server that failed the write.
 EXCUSES = ("model_fault", "storage_fault", "server_fault")
 
 
+def _asks(row: dict[str, Any]) -> bool:
+    """A user row that asks something: not the note its schema reader marks as resuming a turn."""
+    return row["role"] == "user" and not row.get(RESUMES_TURN)
+
+
 def _is_question(row: dict[str, Any]) -> bool:
-    return row["role"] == "user" and row["turn_id"] is not None and row["cloned_from"] is None
+    return _asks(row) and row["turn_id"] is not None and row["cloned_from"] is None
 
 
 def compaction_bound(db: DB, events: Sequence[dict[str, Any]], expect: Expectation | None,
@@ -84,7 +90,7 @@ def _outgrown(session: str, question: dict[str, Any], live: list[dict[str, Any]]
     """The violation of a question written after `live`, when those rows were due for compaction."""
     if len(live) <= bound:
         return []
-    previous = max((i for i, r in enumerate(live) if r["role"] == "user"), default=0)
+    previous = max((i for i, r in enumerate(live) if _asks(r)), default=0)
     older = [r for r in live[:previous] if not is_summary_row(r)]
     if not older:
         return []
