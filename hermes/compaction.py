@@ -73,9 +73,9 @@ def compact_if_needed(agent: "AIAgent", max_active_rows: int) -> bool:
     if len(messages) <= max_active_rows:
         return False
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
-    if last_user == 0:
-        return False  # one turn only: nothing older to summarize
     older = messages[:last_user]
+    if all(is_summary(m) for m in older):
+        return False  # one turn only, after earlier summaries at most: no older turn to summarize
     summary = _summary(agent, older)
     if not summary:
         return False  # no summary, no compaction: dropping history without one would lose facts

@@ -603,6 +603,18 @@ def test_compaction_bound_fails_a_compaction_before_the_session_outgrew_its_boun
         assert f"a compaction summarized the session at 7 live rows, {early}" in violation.message
 
 
+def test_compaction_bound_fails_a_compaction_that_summarized_only_an_earlier_summary(scenario: Scenario) -> None:
+    """Compacted once, then again with nothing but the first summary older than the turn it keeps: the
+    second summary only rewords the first (and cost a model call); over the bound, it is still for nothing."""
+    ids = build_clean(scenario)
+    first = scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+    holds(compaction_bound(scenario.db_path, [], _bounded(2), COMPACTING))
+    second = scenario.db.archive_and_compact(SID, [{"role": "user", "content": "[again]"}], watermark=first[0])
+    violation = failing(compaction_bound(scenario.db_path, [], _bounded(2), COMPACTING), "compaction-bound")
+    assert "summarized 1 earlier summary row(s) and no older turn" in violation.message
+    assert violation.witness["summary_row_id"] == second[0] and violation.witness["older_row_ids"] == [first[0]]
+
+
 def test_compaction_bound_judges_only_a_target_that_promises_it_in_a_case_of_known_bound(scenario: Scenario) -> None:
     build_clean(scenario)
     scenario.user("t3", "and now?")

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from workerutil import read_durable, run_worker, worker_argv, worker_env
 
+from hermes import compaction
 from hermes.compaction import SUMMARY_PREFIX, SUMMARY_PROMPT
 from hermes.resume import resume_interrupted_turn
 from hermes.runner import AIAgent
@@ -169,6 +170,25 @@ def test_no_compaction_without_an_older_turn_or_below_the_threshold(db: SessionD
         alone.close()
     assert "compact.in_txn" not in recorder.names()
     assert all(last_user_text(r["messages"]) != SUMMARY_PROMPT for r in client.requests)
+
+
+def test_between_turns_an_earlier_summary_alone_is_not_summarized_again(db: SessionDB, ran: list[tuple[str, str]],
+                                                                      recorder) -> None:
+    """After the second turn the session holds eight live rows, over a bound of five: but older than
+    that turn there is only the summary made inside it, and rewording a summary loses facts and costs a
+    model call. With a later turn over the bound too, the two turns before it are compacted."""
+    client = FakeClient()
+    _two_turns(db, client)
+    assert recorder.names().count("compact.in_txn") == 1
+    agent = _agent(db, client)
+    summaries = len(client.requests) - len(client.model_requests())
+    assert compaction.compact_if_needed(agent, 5) is False
+    assert recorder.names().count("compact.in_txn") == 1
+    assert len(client.requests) - len(client.model_requests()) == summaries  # not even asked
+    db.write_pending(SID, [{"role": "user", "content": "third", "_turn_id": "t3"}], start_turn="t3")
+    assert compaction.compact_if_needed(agent, 5) is True
+    live = db.load_live_messages(SID)
+    assert [(m["role"], m.get("_turn_id")) for m in live] == [("user", None), ("user", "t3")]
 
 
 @pytest.mark.parametrize("summary", [RuntimeError("the summarizer is down"), "   ", ""],

@@ -117,21 +117,23 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
             _tools("Reading, then writing.", _call("lookup", key="x"), _call("lookup", key="y"),
                    _call("set_value", key="z", value="from x and y"), _call("lookup", key="z")),
             Reply("Stored z after reading x and y."))),)),
-    # Sized so that both moments compact, and so that the bound is met exactly once: the first two
-    # turns leave six live rows, over the bound of five, so the session is compacted before the third
-    # turn; the third turn's tool block takes it over again, so it is compacted inside that turn too;
-    # the third turn then leaves five live rows, at the bound and not over it, so the fourth begins
-    # uncompacted. (A tool block in the second turn would compact inside it, and the compaction between
-    # turns would never be due.) The first turn's four rows make the row a compaction keeps from the
-    # older turns' last one a choice that shows.
-    Scenario("multi-turn-compaction", "four turns; older turns are compacted before the third and inside it, "
-             "and not before the fourth, which begins at the bound", (
+    # Sized so that both moments compact, and so that the bound is met exactly once with an older
+    # turn to summarize: the first two turns leave six live rows, over the bound of five, so the
+    # session is compacted before the third turn; the third leaves five, at the bound and not over it,
+    # so the fourth begins uncompacted (with two turns older than it); the fourth's tool block takes
+    # the session over the bound, so it is compacted inside that turn. (A tool block in the second
+    # turn would compact inside it, and the compaction between turns would never be due; one in the
+    # third would leave only a summary older than the fourth, which no compaction takes, so a runtime
+    # that compacted at the bound would do nothing different there.) The first turn's four rows make the row a compaction keeps
+    # from the older turns' last one a choice that shows.
+    Scenario("multi-turn-compaction", "four turns; older turns are compacted before the third and inside the "
+             "fourth, which begins at the bound", (
         Turn("[multi-turn-compaction] first, store two", (
             _tools("Storing it.", _call("set_value", key="two", value="2")), Reply("two is stored."))),
         Turn("[multi-turn-compaction] second, remember that one is 1", (Reply("Noted: one is 1."),)),
-        Turn("[multi-turn-compaction] third, look up three", (
+        Turn("[multi-turn-compaction] third, thanks", (Reply("You are welcome."),)),
+        Turn("[multi-turn-compaction] fourth, look up three", (
             _tools(None, _call("lookup", key="three")), Reply("three is known, and I remember the rest."))),
-        Turn("[multi-turn-compaction] fourth, thanks", (Reply("You are welcome."),)),
     ), compact_above=5),
     Scenario("streamed-answer", "a tool call and a streamed final answer", (
         Turn("[streamed-answer] look up the weather and tell me at length", (

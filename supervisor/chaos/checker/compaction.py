@@ -7,7 +7,9 @@ written. Compaction inside a turn does not make up for one skipped between turns
 a tool block, so a turn's first request, and every request of a turn without tools, would carry the
 whole history. Nor does it compact early: a compaction, between turns or inside one, comes only when
 more than N rows are live, and a session run without a bound is never compacted (each summary takes
-from the model history it was entitled to see).
+from the model history it was entitled to see). Nor for nothing: a compaction summarizes rows of an
+older turn; when only earlier summaries are older than the turn it would keep, there is nothing to
+summarize, and a turn begins (or goes on) on the summary as it is.
 
 What was live when a question was written is told from the final database alone. Rows are only ever
 appended (ids grow in commit order, one writer per session), and only a compaction makes rows
@@ -50,7 +52,8 @@ def compaction_bound(db: DB, events: Sequence[dict[str, Any]], expect: Expectati
     case whose bound is known (`expect.compact_above`: N, 0 for none):
     * every turn's question was written when at most N rows were live, or when every live row older
       than the previous turn's question was a summary (compacting them again gives the same shape);
-    * every compaction's summary was written when more than N rows were live (with no bound: never).
+    * every compaction's summary was written when more than N rows were live (with no bound: never),
+      and summarized some row of an older turn, not earlier summaries alone.
     In a case that met a fault in `EXCUSES` turns are not held to the first (`cases_excused`)."""
     if not promises.compacts_between_turns or expect is None:
         return verdict_of(COMPACTION_BOUND, [], {"turns_judged": 0})
@@ -67,6 +70,7 @@ def compaction_bound(db: DB, events: Sequence[dict[str, Any]], expect: Expectati
             if is_summary_row(row):
                 compactions += 1
                 violations += _early(session, row, rows[since:index], bound)
+                violations += _nothing_new(session, row, rows[since:index], rows[index + 1:index + 2])
                 since = index
             elif _is_question(row) and bound > 0 and not excused:
                 judged += 1
@@ -84,6 +88,20 @@ def _early(session: str, summary: dict[str, Any], live: list[dict[str, Any]], bo
     return [Violation(COMPACTION_BOUND, f"a compaction summarized the session at {len(live)} live rows, {within}", {
         "session": session, "summary_row_id": summary["id"], "bound": bound, "live_rows": len(live),
         "rows": [brief(r) for r in live[:3]]})]
+
+
+def _nothing_new(session: str, summary: dict[str, Any], live: list[dict[str, Any]],
+                 after: list[dict[str, Any]]) -> list[Violation]:
+    """The violation of a compaction that summarized no row of an older turn: what it archived before
+    the turn it kept (the live rows older than the row its first clone copies) was earlier summaries
+    alone, or nothing. Summarizing a summary again only rewords it, and costs a model call."""
+    kept_from = after[0]["cloned_from"] if after and after[0]["cloned_from"] is not None else None
+    older = [r for r in live if kept_from is None or r["id"] < kept_from]
+    if any(not is_summary_row(r) for r in older):
+        return []
+    return [Violation(COMPACTION_BOUND, f"a compaction summarized {len(older)} earlier summary row(s) and no older "
+                                       "turn: it had nothing new to summarize", {
+        "session": session, "summary_row_id": summary["id"], "older_row_ids": [r["id"] for r in older]})]
 
 
 def _outgrown(session: str, question: dict[str, Any], live: list[dict[str, Any]], bound: int) -> list[Violation]:
