@@ -60,11 +60,11 @@ def is_summary(message: dict[str, Any]) -> bool:
 
 
 def compact_if_needed(agent: "AIAgent", max_active_rows: int) -> bool:
-    """Compact the session when it holds more than `max_active_rows` active rows. True if it did.
+    """Compact the session when it holds more than `max_active_rows` active rows and a turn older
+    than its newest (an earlier summary is none: summarizing it again only rewords it). True if it did.
 
-    Call it between turns only: the rows of the newest turn are kept as clones, so
-    its structure stays intact, and everything before it becomes one summary row.
-    A failed summary request raises (the caller decides; the worker logs it and runs the turn).
+    Call it between turns only: the newest turn's rows are kept as clones, everything before them
+    becomes one summary row. A failed summary request raises (the caller decides; the worker logs it).
     """
     db = agent.session_db
     if db is None or max_active_rows <= 0:

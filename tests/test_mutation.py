@@ -323,7 +323,8 @@ SAMPLE = [
     ("hermes/compaction.py", "core/ReplaceComparisonOperator_Is_IsNot", "if db is None or max_active_rows <= 0:",
      "sqlite", "multi-turn-compaction/fault-free"),
     # The converse: compacted at exactly the bound, not over it. The third turn leaves five live rows,
-    # the bound: the session is summarized before the fourth, which was not due (`compaction-bound`).
+    # the bound, two turns of them older than the fourth: the session is summarized before the fourth,
+    # which was not due (`compaction-bound`).
     ("hermes/compaction.py", "core/ReplaceComparisonOperator_LtE_Lt", "if len(messages) <= max_active_rows:",
      "sqlite", "multi-turn-compaction/fault-free"),
 ]

@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "(targetkit.registry)")
         sub.add_argument("--target-option", action="append", default=[], metavar="KEY=VALUE",
                          help="an option of the target, checked by it (e.g. durability=async for langgraph)")
-        sub.add_argument("--compact-above", type=int, default=0, metavar="ROWS",
+        sub.add_argument("--compact-above", type=rows_argument, default=0, metavar="ROWS",
                          help=("before the turn, and inside it between a tool block's results and the next model "
                                "call, summarize older turns when the session has more active rows (0: never)")
                          if name == "run" else
@@ -259,6 +259,17 @@ def claim_argument(value: str) -> tuple[int, str]:
     if not sep or not epoch.isdigit() or not owner:
         raise argparse.ArgumentTypeError(f"{value!r} is not EPOCH:OWNER (an epoch number, a colon, an owner name)")
     return int(epoch), owner
+
+
+def rows_argument(value: str) -> int:
+    """A number of rows, 0 or more (`--compact-above`: 0 means never)."""
+    try:
+        rows = int(value)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of rows (a whole number, 0 for none)")
+    return rows
 
 
 def _check_store(args: argparse.Namespace) -> None:

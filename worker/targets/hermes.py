@@ -179,7 +179,7 @@ def _build_agent(args: argparse.Namespace, db: SessionDB, link: SupervisorLink |
                         stream=args.stream, request_timeout=args.timeout, max_retries=args.max_retries,
                         max_model_calls=args.max_model_calls,
                         # Inside a turn (a resumed one too): between a tool block and the next model call.
-                        compact_above=max(0, getattr(args, "compact_above", 0) or 0),
+                        compact_above=getattr(args, "compact_above", 0) or 0,
                         interim_assistant_callback=lambda text, already_streamed=False: project(
                             "interim", text=text),
                         tool_complete_callback=lambda call_id, name, _args, content: project(

@@ -51,7 +51,7 @@ def compaction_bound(db: DB, events: Sequence[dict[str, Any]], expect: Expectati
     """For a target that promises to compact between turns (`promises.compacts_between_turns`), in a
     case whose bound is known (`expect.compact_above`: N, 0 for none):
     * every turn's question was written when at most N rows were live, or when every live row older
-      than the previous turn's question was a summary (compacting them again gives the same shape);
+      than the previous turn's question was a summary (which no compaction takes, below);
     * every compaction's summary was written when more than N rows were live (with no bound: never),
       and summarized some row of an older turn, not earlier summaries alone.
     In a case that met a fault in `EXCUSES` turns are not held to the first (`cases_excused`)."""
