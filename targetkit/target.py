@@ -64,6 +64,9 @@ class Promises:
     # Run with a compaction bound (ours: `--compact-above N`), it compacts the session before a turn
     # whose older rows took it over the bound (judged only when promised).
     compacts_between_turns: bool = False
+    # ... and inside a turn: after a tool block whose results are all durable, before the next model
+    # call, when the block took the session over the bound with an older turn live (judged only when promised).
+    compacts_inside_turns: bool = False
     promised: Mapping[tuple[str, str], str] = field(default_factory=dict)
     documented: Mapping[tuple[str, str], str] = field(default_factory=dict)
     claims: str = ""

@@ -513,7 +513,7 @@ def test_well_formed_fails_on_an_unreadable_database(tmp_path: Path) -> None:
 
 
 # ============================================================ compaction-bound
-COMPACTING = Promises(compacts_between_turns=True, contract="ours")
+COMPACTING = Promises(compacts_between_turns=True, compacts_inside_turns=True, contract="ours")
 
 
 def _bounded(bound: int) -> Expectation:
@@ -572,6 +572,38 @@ def test_compaction_bound_takes_no_resume_note_for_a_question(tmp_path: Path) ->
             "compaction-bound")
 
 
+@pytest.mark.parametrize("compacted_after_the_block", [False, True])
+def test_compaction_bound_holds_a_tool_block_that_outgrew_the_bound_to_a_compaction_before_the_next_request(
+        tmp_path: Path, compacted_after_the_block: bool) -> None:
+    """Compacted before the third turn (three live rows, within a bound of four), whose tool block takes
+    the session to six with the second turn's clones still older than its question: the model may be
+    asked again only after those are summarized, and the response then follows the kept clones."""
+    s = Scenario(tmp_path)
+    try:
+        ids = build_clean(s)
+        first = s.db.archive_and_compact(SID, [{"role": "user", "content": "[summary]"}], watermark=ids["ans1"])
+        s.user("t3", "look k up again")
+        s.assistant("t3", None, (LOOKUP,))
+        s.tool("t3", LOOKUP, IDEMPOTENT, json.dumps({"key": "k", "value": "value-of-k"}))
+        if compacted_after_the_block:
+            s.db.archive_and_compact(SID, [{"role": "user", "content": "[again]"}], watermark=first[-1])
+        answer = s.assistant("t3", "k is value-of-k.")
+        verdict = compaction_bound(s.db_path, [], _bounded(4), COMPACTING)
+        assert verdict.counts["blocks_judged"] == 2  # the first turn's block too, with nothing older
+        if compacted_after_the_block:
+            holds(verdict)
+        else:
+            violation = failing(verdict, "compaction-bound")
+            assert "turn t3 went on after a tool block with 6 live rows, over the bound of 4, 2 of them older" \
+                in violation.message
+            assert violation.witness["response_row_id"] == answer
+            assert violation.witness["older_row_ids"] == first[1:]
+        only_between = Promises(compacts_between_turns=True, contract="ours")
+        holds(compaction_bound(s.db_path, [], _bounded(4), only_between))  # promised only between turns
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("event", [{"type": "model_fault", "faults": ["not_json"]},
                                    {"type": "storage_fault", "fault": "locked"},
                                    {"type": "server_fault", "fault": "pg-terminate"}])
@@ -582,7 +614,7 @@ def test_compaction_bound_excuses_a_case_whose_model_or_store_was_made_to_fail(s
     scenario.user("t3", "and now?")
     verdict = compaction_bound(scenario.db_path, [event], _bounded(4), COMPACTING)
     holds(verdict)
-    assert verdict.counts == {"turns_judged": 0, "compactions_judged": 0, "cases_excused": 1}
+    assert verdict.counts == {"turns_judged": 0, "blocks_judged": 0, "compactions_judged": 0, "cases_excused": 1}
 
 
 @pytest.mark.parametrize("bound, early", [(6, None), (7, "within the bound of 7"),

@@ -327,6 +327,18 @@ SAMPLE = [
     # which was not due (`compaction-bound`).
     ("hermes/compaction.py", "core/ReplaceComparisonOperator_LtE_Lt", "if len(messages) <= max_active_rows:",
      "sqlite", "multi-turn-compaction/fault-free"),
+    # Compacted inside a turn only before its first model call, never at a tool block's end: a drawn
+    # turn that begins within its bound and whose tool block takes it over asks the model again with the
+    # previous turn's rows unsummarized (`compaction-bound`, promised inside turns too).
+    ("hermes/compaction.py", "core/ReplaceUnaryOperator_Delete_Not",
+     "if db is None or max_active_rows <= 0 or turn.id is None or not _at_block_boundary(messages):", "generated",
+     "gen-fdcaedd0d69b/fault-free"),
+    # A summary is no longer recognized (its role test inverted): a drawn turn whose older rows are one
+    # earlier summary summarizes it again, inside the turn and before the next (`compaction-bound`:
+    # a compaction summarizes some row of an older turn).
+    ("hermes/compaction.py", "core/ReplaceComparisonOperator_Eq_NotEq",
+     'return (message.get("role") == "user" and message.get("_turn_id") is None', "generated",
+     "gen-fdcaedd0d69b/fault-free"),
 ]
 
 

@@ -38,7 +38,7 @@ log = logging.getLogger("worker")
 # this record: every supervisor reads the record, and a worker's template imports the runtime anyway.
 TARGET = Target("hermes", "ours (default)", adapter=__name__, schema="supervisor.chaos.schema.hermes",
                 forkserver=True, promises=replace(FULL_PROMISES, spills_results_over=SPILL_THRESHOLD_CHARS,
-                                                 compacts_between_turns=True))
+                                                 compacts_between_turns=True, compacts_inside_turns=True))
 
 
 def content_parts_refusal(parts: list[dict[str, Any]]) -> str | None:
