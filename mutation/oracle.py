@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from hermes.private_files import write_private
 from mutation import casemap, launch, tree
 from supervisor.procs.pool import TemplateFailed
 
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stop_with_driver(args.driver)
     verdict = judge(args.pristine.resolve(), args.mutant_tree.resolve(), casemap.load(args.map), args.budget)
-    args.result.write_text(json.dumps(verdict, sort_keys=True))
+    write_private(args.result, json.dumps(verdict, sort_keys=True))
     print(json.dumps(verdict, sort_keys=True))
     return {"killed": EXIT_KILLED, "timeout": EXIT_TIMEOUT, "stopped": EXIT_TIMEOUT}.get(verdict["outcome"],
                                                                                           EXIT_SURVIVED)

@@ -1,17 +1,18 @@
 """compaction-bound: a session is compacted when it outgrows its bound, and only then.
 
-A runtime that compacts between turns (ours: the worker's ``--compact-above N``) promises that a turn
-does not begin on an outgrown transcript: when more than N rows are live and some of them are older
-than the previous turn's question, the older ones become one summary before the new question is
-written. Compaction inside a turn does not make up for one skipped between turns: it comes only after
-a tool block, so a turn's first request, and every request of a turn without tools, would carry the
-whole history. One that also compacts inside a turn (`compacts_inside_turns`, ours) promises the
-same of each request after a tool block: when the block took the session over N rows with rows of an
-older turn still live, they are summarized before the model is asked again. Nor does it compact early: a compaction, between turns or inside one, comes only when
-more than N rows are live, and a session run without a bound is never compacted (each summary takes
-from the model history it was entitled to see). Nor for nothing: a compaction summarizes rows of an
-older turn; when only earlier summaries are older than the turn it would keep, there is nothing to
-summarize, and a turn begins (or goes on) on the summary as it is.
+A runtime that compacts between turns (ours: the worker's ``--compact-above N``) promises that a
+turn does not begin on an outgrown transcript: when more than N rows are live and some of them are
+older than the previous turn's question, the older ones become one summary before the new question
+is written. Compaction inside a turn does not make up for one skipped between turns: it comes only
+after a tool block, so a turn's first request, and every request of a turn without tools, would
+carry the whole history. One that also compacts inside a turn (`compacts_inside_turns`, ours)
+promises the same of each request after a tool block: when the block took the session over N rows
+with rows of an older turn still live, they are summarized before the model is asked again. Nor does
+it compact early: a compaction, between turns or inside one, comes only when more than N rows are
+live, and a session run without a bound is never compacted (each summary takes from the model
+history it was entitled to see). Nor for nothing: a compaction summarizes rows of an older turn;
+when only earlier summaries are older than the turn it would keep, there is nothing to summarize,
+and a turn begins (or goes on) on the summary as it is.
 
 What was live when a question was written is told from the final database alone. Rows are only ever
 appended (ids grow in commit order, one writer per session), and only a compaction makes rows
@@ -21,8 +22,8 @@ rows before it, when there is none).
 
 A compaction is skipped, by design, when its summary request fails or comes back blank and when its
 write fails: in a case in which the model, the store or its server was made to fail (`EXCUSES`) no
-turn is held to having begun, or gone on, compacted (the case is counted as excused). No fault excuses an early
-compaction.
+turn is held to having begun, or gone on, compacted (the case is counted as excused). No fault
+excuses an early compaction.
 """
 from __future__ import annotations
 
