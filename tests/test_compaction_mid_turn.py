@@ -175,8 +175,8 @@ def test_no_compaction_without_an_older_turn_or_below_the_threshold(db: SessionD
 def test_between_turns_an_earlier_summary_alone_is_not_summarized_again(db: SessionDB, ran: list[tuple[str, str]],
                                                                       recorder) -> None:
     """After the second turn the session holds eight live rows, over a bound of five: but older than
-    that turn there is only the summary made inside it, and rewording a summary loses facts and costs a
-    model call. With a later turn over the bound too, the two turns before it are compacted."""
+    that turn there is only the summary made inside it, and summarizing a summary again only rewords it,
+    at the cost of a model call. With a later turn over the bound too, the two turns before it are compacted."""
     client = FakeClient()
     _two_turns(db, client)
     assert recorder.names().count("compact.in_txn") == 1

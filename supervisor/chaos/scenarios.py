@@ -117,15 +117,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
             _tools("Reading, then writing.", _call("lookup", key="x"), _call("lookup", key="y"),
                    _call("set_value", key="z", value="from x and y"), _call("lookup", key="z")),
             Reply("Stored z after reading x and y."))),)),
-    # Sized so that both moments compact, and so that the bound is met exactly once with an older
-    # turn to summarize: the first two turns leave six live rows, over the bound of five, so the
-    # session is compacted before the third turn; the third leaves five, at the bound and not over it,
-    # so the fourth begins uncompacted (with two turns older than it); the fourth's tool block takes
-    # the session over the bound, so it is compacted inside that turn. (A tool block in the second
-    # turn would compact inside it, and the compaction between turns would never be due; one in the
-    # third would leave only a summary older than the fourth, which no compaction takes, so a runtime
-    # that compacted at the bound would do nothing different there.) The first turn's four rows make the row a compaction keeps
-    # from the older turns' last one a choice that shows.
+    # Sized so that both moments compact, and so that the bound is met exactly once with an older turn
+    # to summarize: the first two turns leave six live rows, over the bound of five, so the session is
+    # compacted before the third turn; the third leaves five, at the bound and not over it, so the
+    # fourth begins uncompacted (with two turns older than it); the fourth's tool block takes the
+    # session over the bound, so it is compacted inside that turn. (A tool block in the second turn
+    # would compact inside it, and the compaction between turns would never be due; one in the third
+    # would leave only a summary older than the fourth, which no compaction takes, so a runtime that
+    # compacted at the bound would do nothing different there.) The first turn's four rows make the row
+    # a compaction keeps from the older turns' last one a choice that shows.
     Scenario("multi-turn-compaction", "four turns; older turns are compacted before the third and inside the "
              "fourth, which begins at the bound", (
         Turn("[multi-turn-compaction] first, store two", (
